@@ -1,0 +1,1 @@
+"""MNIST recipe: data loading and model for tfdist_trainer examples."""

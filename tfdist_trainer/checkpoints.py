@@ -1,0 +1,58 @@
+"""Checkpoints: save every N steps and at the end, keep K, restore at start.
+
+Under multi_worker_mirrored every worker must take part in a save (it runs
+collectives), but only the chief's copy is kept: the others write into a
+throw-away directory that is removed right after.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import tensorflow as tf
+from absl import logging
+
+from tfdist_trainer.cluster import ClusterConfig
+
+
+class Checkpointer:
+    """Owns the CheckpointManager of one task."""
+
+    def __init__(self, *, model_dir: str, cluster: ClusterConfig, checkpoint: tf.train.Checkpoint,
+                 global_step: tf.Variable, every_n_steps: int | None, keep: int):
+        self.model_dir = model_dir
+        self.is_writer = cluster.is_chief
+        self.every_n_steps = every_n_steps
+        self.global_step = global_step
+        self._directory = model_dir if self.is_writer else os.path.join(
+            model_dir, ".tmp_checkpoints", cluster.role.replace(":", "-"))
+        self._manager = tf.train.CheckpointManager(
+            checkpoint, self._directory, max_to_keep=keep, step_counter=global_step)
+        self._checkpoint = checkpoint
+        self._last_saved_step: int | None = None
+
+    def restore(self) -> int | None:
+        """Restores the chief's latest checkpoint; returns its step, or None on a fresh start."""
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if latest is None:
+            return None
+        self._checkpoint.restore(latest).assert_existing_objects_matched()
+        step = int(self.global_step.numpy())
+        self._last_saved_step = step
+        logging.info("restored %s (step %d)", latest, step)
+        return step
+
+    def due(self, step: int) -> bool:
+        return bool(self.every_n_steps) and (
+            self._last_saved_step is None or step - self._last_saved_step >= self.every_n_steps)
+
+    def save(self, step: int) -> None:
+        if self._last_saved_step == step:
+            return
+        path = self._manager.save(checkpoint_number=step)
+        self._last_saved_step = step
+        if self.is_writer:
+            logging.info("saved checkpoint %s", path)
+        else:
+            shutil.rmtree(self._directory, ignore_errors=True)

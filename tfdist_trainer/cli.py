@@ -1,0 +1,109 @@
+"""`tfdist-train`: one task of a cluster. Every task runs the same command.
+
+The cluster comes from TF_CONFIG or from the classic flags. The chief (or a
+lone process, or every multi_worker_mirrored worker) trains; ps and workers
+under parameter_server serve; an evaluator follows checkpoints. All checks a
+user can fail run before TensorFlow starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeatable, later files win.")
+flags.DEFINE_multi_string("gin_bindings", [], "Gin binding such as 'train.train_steps=100'; repeatable.")
+flags.DEFINE_alias("gin_param", "gin_bindings")
+flags.DEFINE_multi_string("module", [], "Python module to import before parsing gin (your Trainer); repeatable.")
+flags.DEFINE_string("model_dir", None, "Checkpoints, logs and records of this job (shared by all tasks).")
+flags.DEFINE_string("job_name", None, "Classic cluster flags: this task's type (chief, worker, ps, evaluator).")
+flags.DEFINE_alias("task_type", "job_name")
+flags.DEFINE_integer("task_index", 0, "Classic cluster flags: this task's index within its type.")
+flags.DEFINE_list("ps_hosts", [], "Classic cluster flags: comma-separated host:port of the ps tasks.")
+flags.DEFINE_list("worker_hosts", [], "Classic cluster flags: comma-separated host:port of the workers.")
+flags.DEFINE_string("chief_host", None, "Classic cluster flags: host:port of the chief.")
+flags.DEFINE_string("evaluator_host", None, "Classic cluster flags: host:port of the evaluator.")
+flags.DEFINE_float("startup_timeout_s", 120.0, "How long to wait for peer tasks before naming those missing.")
+flags.DEFINE_float("chief_gone_grace_s", 10.0, "A serving task exits 0 once the chief has been gone this long.")
+flags.DEFINE_float("evaluator_timeout_s", 3600.0, "The evaluator gives up after this long without a new checkpoint.")
+
+EXIT_CONFIG = 2   # the user's configuration or cluster is wrong
+EXIT_FAILED = 1   # training itself failed
+
+
+def _fail(role: str, message: str, code: int) -> None:
+    logging.error("%s", message)
+    print(f"[{role}] error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        _fail("tfdist-train", f"unexpected arguments {argv[1:]}; pass settings as --flags or --gin_bindings.", EXIT_CONFIG)
+    from tfdist_trainer import cluster as cluster_lib
+    from tfdist_trainer.logs import set_role
+
+    cluster_lib.set_grpc_environment()
+    role = "tfdist-train"
+    try:
+        cluster = cluster_lib.resolve(
+            os.environ, job_name=FLAGS.job_name, task_index=FLAGS.task_index, ps_hosts=FLAGS.ps_hosts,
+            worker_hosts=FLAGS.worker_hosts, chief_host=FLAGS.chief_host, evaluator_host=FLAGS.evaluator_host)
+        role = cluster.role
+        set_role(role)
+        if not FLAGS.model_dir:
+            raise cluster_lib.ClusterConfigError("--model_dir is required; every task of a job needs the same one.")
+        from tfdist_trainer.config import ConfigError, load_experiment
+        experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
+        strategy_config = experiment.strategy_config
+        strategy_config.validate(cluster)
+        action = strategy_config.action(cluster)
+        cluster_lib.check_own_port(cluster)
+        holder = None
+        if strategy_config.holds_port_while_waiting and cluster.own_address is not None:
+            holder = cluster_lib.PortHolder(cluster.own_address.port)
+        try:
+            peers = strategy_config.peers(cluster)
+            if peers:
+                logging.info("waiting up to %.0fs for %s", FLAGS.startup_timeout_s, ", ".join(p.name for p in peers))
+            cluster_lib.wait_for_tasks(peers, timeout_s=FLAGS.startup_timeout_s, waiting_for=f" (waited for by {role})")
+        finally:
+            if holder is not None:
+                holder.close()
+    except (cluster_lib.ClusterConfigError, ValueError) as e:
+        _fail(role, str(e), EXIT_CONFIG)
+
+    # TensorFlow reads TF_CONFIG when the strategy is created: give it the normalized form.
+    tf_config = cluster.to_tf_config() if action.value != "evaluate" else ""
+    if tf_config:
+        os.environ["TF_CONFIG"] = tf_config
+    else:
+        os.environ.pop("TF_CONFIG", None)
+    os.makedirs(FLAGS.model_dir, exist_ok=True)
+    logging.info("%s as %s under %s", action.value, role, strategy_config.name)
+
+    from tfdist_trainer import runner
+    try:
+        if action.value == "serve":
+            runner.serve(cluster, chief_gone_grace_s=FLAGS.chief_gone_grace_s)
+        elif action.value == "evaluate":
+            runner.run_evaluator(experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s)
+        else:
+            runner.run_training(experiment, cluster, FLAGS.model_dir)
+    except runner.NonFiniteLossError as e:
+        _fail(role, str(e), EXIT_FAILED)
+    except (ValueError, TimeoutError) as e:
+        _fail(role, str(e).strip().splitlines()[0], EXIT_FAILED)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

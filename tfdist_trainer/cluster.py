@@ -1,0 +1,336 @@
+"""The cluster a task belongs to: read from TF_CONFIG or classic flags, checked before TF starts.
+
+TensorFlow accepts many broken cluster descriptions silently (an index out of
+range, a missing peer, a port in use) and then fails late with an unhelpful
+message or waits forever. Everything here runs *before* TensorFlow is imported
+so that each user mistake ends in one sentence that names the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+CHIEF = "chief"
+WORKER = "worker"
+PS = "ps"
+EVALUATOR = "evaluator"
+KNOWN_TASK_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
+
+# Kubeflow and older Estimator jobs spell some roles differently.
+_TASK_TYPE_ALIASES = {"master": CHIEF}
+
+
+class ClusterConfigError(ValueError):
+    """A cluster description a user gave us is wrong; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskAddress:
+    """One task of the cluster and where it listens."""
+
+    task_type: str
+    task_id: int
+    address: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}:{self.task_id}"
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rsplit(":", 1)[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+    """A validated cluster and the task this process plays in it.
+
+    An empty `cluster` means a lone process (no TF_CONFIG, no flags).
+    """
+
+    cluster: Mapping[str, tuple[str, ...]]
+    task_type: str | None = None
+    task_id: int = 0
+    rpc_layer: str = "grpc"
+    environment: str | None = None
+
+    # -- roles ---------------------------------------------------------------
+    @property
+    def is_local(self) -> bool:
+        return not self.cluster
+
+    @property
+    def role(self) -> str:
+        """The log prefix of this task, e.g. ``worker:1`` or ``local``."""
+        if self.is_local or self.task_type is None:
+            return "local"
+        return f"{self.task_type}:{self.task_id}"
+
+    def num_tasks(self, task_type: str) -> int:
+        return len(self.cluster.get(task_type, ()))
+
+    @property
+    def is_chief(self) -> bool:
+        """The task that writes checkpoints and summaries (TF's own rule)."""
+        if self.is_local:
+            return True
+        if CHIEF in self.cluster:
+            return self.task_type == CHIEF
+        return self.task_type == WORKER and self.task_id == 0
+
+    def tasks(self, task_types: Iterable[str] | None = None) -> list[TaskAddress]:
+        wanted = tuple(task_types) if task_types is not None else tuple(self.cluster)
+        return [
+            TaskAddress(t, i, addr)
+            for t in wanted
+            for i, addr in enumerate(self.cluster.get(t, ()))
+        ]
+
+    @property
+    def own_address(self) -> TaskAddress | None:
+        if self.is_local or self.task_type is None:
+            return None
+        return TaskAddress(self.task_type, self.task_id, self.cluster[self.task_type][self.task_id])
+
+    # -- conversions ---------------------------------------------------------
+    def training_cluster(self) -> dict[str, list[str]]:
+        """The cluster without the evaluator, which must not be part of it.
+
+        A parameter-server coordinator that sees an evaluator tries to reach it
+        as a worker (tensorflow/tensorflow#46169); the evaluator is a side-car.
+        """
+        return {t: list(a) for t, a in self.cluster.items() if t != EVALUATOR}
+
+    def to_tf_config(self) -> str:
+        """TF_CONFIG as TensorFlow expects it: normalized, evaluator removed for trainers."""
+        if self.is_local:
+            return ""
+        cluster = self.training_cluster() if self.task_type != EVALUATOR else {
+            t: list(a) for t, a in self.cluster.items()}
+        config = {
+            "cluster": cluster,
+            "task": {"type": self.task_type, "index": self.task_id},
+            "rpc_layer": self.rpc_layer,
+        }
+        if self.environment:
+            config["environment"] = self.environment
+        return json.dumps(config)
+
+
+# -- parsing -----------------------------------------------------------------
+
+def _normalize_type(task_type: str, where: str) -> str:
+    if not isinstance(task_type, str) or not task_type:
+        raise ClusterConfigError(f"{where}: task type {task_type!r} must be a non-empty string.")
+    lowered = task_type.lower()
+    lowered = _TASK_TYPE_ALIASES.get(lowered, lowered)
+    if lowered not in KNOWN_TASK_TYPES:
+        raise ClusterConfigError(
+            f"{where}: unknown task type {task_type!r}; use one of {', '.join(KNOWN_TASK_TYPES)}."
+        )
+    return lowered
+
+
+def _check_address(address: object, where: str) -> str:
+    if not isinstance(address, str) or ":" not in address:
+        raise ClusterConfigError(f"{where}: address {address!r} must look like host:port.")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterConfigError(f"{where}: address {address!r} must look like host:port with a port in 1..65535.")
+    return address
+
+
+def _validated(cluster: Mapping[str, Sequence[str]], task_type: str | None, task_id: int,
+               rpc_layer: str, environment: str | None, where: str) -> ClusterConfig:
+    normalized: dict[str, tuple[str, ...]] = {}
+    for raw_type, addresses in cluster.items():
+        t = _normalize_type(raw_type, where)
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        if not isinstance(addresses, (list, tuple)) or not addresses:
+            raise ClusterConfigError(f"{where}: cluster[{raw_type!r}] must be a non-empty list of host:port.")
+        normalized[t] = tuple(_check_address(a, f"{where} {t}") for a in addresses)
+    if normalized.get(CHIEF) and len(normalized[CHIEF]) != 1:
+        raise ClusterConfigError(f"{where}: a cluster has exactly one chief, got {len(normalized[CHIEF])}.")
+    seen: dict[str, str] = {}
+    for t, addresses in normalized.items():
+        for i, a in enumerate(addresses):
+            if a in seen:
+                raise ClusterConfigError(f"{where}: {t}:{i} and {seen[a]} both use address {a}; give each task its own port.")
+            seen[a] = f"{t}:{i}"
+    if normalized:
+        if task_type is None:
+            raise ClusterConfigError(f"{where}: the cluster is set but this task's type is not; set task.type (or --job_name).")
+        task_type = _normalize_type(task_type, where)
+        if task_type not in normalized:
+            raise ClusterConfigError(
+                f"{where}: task type {task_type!r} is not in the cluster (which has {', '.join(normalized)}); "
+                f"add it to the cluster or fix the task type."
+            )
+        if not isinstance(task_id, int) or isinstance(task_id, bool):
+            raise ClusterConfigError(f"{where}: task index {task_id!r} must be an integer.")
+        count = len(normalized[task_type])
+        if not 0 <= task_id < count:
+            raise ClusterConfigError(
+                f"{where}: task index {task_id} is out of range for {task_type!r}, which has {count} "
+                f"task{'s' if count != 1 else ''} (valid: 0..{count - 1})."
+            )
+    elif task_type is not None:
+        raise ClusterConfigError(f"{where}: task type {task_type!r} is set but the cluster is empty.")
+    if rpc_layer not in ("grpc", "grpc+verbs", "grpc+mpi", ""):
+        raise ClusterConfigError(f"{where}: rpc_layer {rpc_layer!r} is not supported; use 'grpc'.")
+    return ClusterConfig(cluster=normalized, task_type=task_type, task_id=task_id,
+                         rpc_layer=rpc_layer or "grpc", environment=environment)
+
+
+def from_tf_config(text: str) -> ClusterConfig:
+    """Parses TF_CONFIG, including the Kubeflow TFJob form (lower-case types, environment: cloud)."""
+    where = "TF_CONFIG"
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClusterConfigError(f"TF_CONFIG is not valid JSON ({e.msg} at position {e.pos}); fix the TF_CONFIG environment variable.") from None
+    if not isinstance(config, dict):
+        raise ClusterConfigError("TF_CONFIG must be a JSON object with 'cluster' and 'task'.")
+    cluster = config.get("cluster") or {}
+    if not isinstance(cluster, dict):
+        raise ClusterConfigError("TF_CONFIG: 'cluster' must be an object mapping task types to address lists.")
+    task = config.get("task") or {}
+    if not isinstance(task, dict):
+        raise ClusterConfigError("TF_CONFIG: 'task' must be an object with 'type' and 'index'.")
+    index = task.get("index", 0)
+    if isinstance(index, str) and index.isdigit():
+        index = int(index)
+    return _validated(cluster, task.get("type"), index, config.get("rpc_layer", "grpc"),
+                      config.get("environment"), where)
+
+
+def _split_hosts(value: str | Sequence[str] | None) -> list[str]:
+    if not value:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    return [h.strip() for item in value for h in item.split(",") if h.strip()]
+
+
+def from_flags(*, job_name: str | None, task_index: int = 0, ps_hosts=None, worker_hosts=None,
+               chief_host=None, evaluator_host=None) -> ClusterConfig:
+    """Builds the cluster from the classic per-task flags (``--job_name=ps --task_index=0 ...``)."""
+    cluster = {}
+    for task_type, hosts in ((CHIEF, chief_host), (WORKER, worker_hosts), (PS, ps_hosts),
+                             (EVALUATOR, evaluator_host)):
+        hosts = _split_hosts(hosts)
+        if hosts:
+            cluster[task_type] = hosts
+    return _validated(cluster, job_name or None, task_index, "grpc", None, "cluster flags")
+
+
+def resolve(environ: Mapping[str, str], *, job_name: str | None = None, **flag_values) -> ClusterConfig:
+    """The cluster from flags when ``--job_name`` is given, else from TF_CONFIG, else a lone process."""
+    has_hosts = any(_split_hosts(v) for v in flag_values.values() if not isinstance(v, int))
+    if job_name or has_hosts:
+        if not job_name:
+            raise ClusterConfigError("cluster flags: --*_hosts are set but --job_name is not; add --job_name (and --task_index).")
+        return from_flags(job_name=job_name, **flag_values)
+    text = environ.get("TF_CONFIG", "").strip()
+    if text:
+        return from_tf_config(text)
+    return ClusterConfig(cluster={})
+
+
+# -- the network, checked before TF starts ----------------------------------
+
+def port_is_free(port: int) -> bool:
+    """Whether a TF server could listen on ``port`` (it binds 0.0.0.0 whatever the host says)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True
+
+
+def check_own_port(config: ClusterConfig) -> None:
+    """Names the port when it is taken; TF would only say 'Could not start gRPC server'."""
+    own = config.own_address
+    if own is not None and not port_is_free(own.port):
+        raise ClusterConfigError(
+            f"port {own.port} of {own.name} ({own.address}) is already in use; stop the process "
+            f"holding it or give this task another port."
+        )
+
+
+def is_listening(address: TaskAddress, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((address.host, address.port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class PortHolder:
+    """Listens on this task's port until TF takes it, so that peers can see us while we wait for them.
+
+    Multi-worker tasks wait for each other before starting TF; without a
+    listener each would wait for the other forever.
+    """
+
+    def __init__(self, port: int):
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("", port))
+        self._sock.listen(64)
+        self._sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+
+
+def wait_for_tasks(tasks: Sequence[TaskAddress], *, timeout_s: float, poll_s: float = 0.25,
+                   waiting_for: str = "") -> None:
+    """Blocks until every task accepts TCP connections, or names those that never did."""
+    pending = list(tasks)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        pending = [t for t in pending if not is_listening(t, timeout=min(1.0, poll_s * 4))]
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            names = ", ".join(f"{t.name} at {t.address}" for t in pending)
+            raise ClusterConfigError(
+                f"{names} never answered within {timeout_s:g}s{waiting_for}; start "
+                f"{'that task' if len(pending) == 1 else 'those tasks'} or fix the cluster addresses."
+            )
+        time.sleep(poll_s)
+
+
+def set_grpc_environment(environ: dict = os.environ) -> None:
+    """Makes RPCs to a dead peer fail instead of hanging (DESIGN: GRPC_FAIL_FAST)."""
+    environ.setdefault("GRPC_FAIL_FAST", "use_caller")

@@ -1,0 +1,57 @@
+"""Loading the user's gin configuration and the modules it names, with errors a user can act on."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+import gin
+
+
+class ConfigError(ValueError):
+    """The gin files, bindings or modules given by the user are wrong."""
+
+
+def import_modules(modules: Sequence[str]) -> None:
+    """Imports user modules (``--module my_project.trainers``) from the working directory."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"--module {name} could not be imported ({e}); check the name and PYTHONPATH.") from None
+
+
+def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
+    """Parses gin files then bindings; unknown names and missing files end in one sentence."""
+    for path in gin_files:
+        if not os.path.isfile(path):
+            raise ConfigError(f"gin file {path} does not exist; check the --gin_file path.")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    gin.clear_config()
+    try:
+        gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False)
+    except ImportError as e:
+        raise ConfigError(f"a gin 'import' failed ({e}); make the module importable from the working directory or PYTHONPATH.") from None
+    except (ValueError, KeyError, SyntaxError) as e:
+        message = str(e).strip().splitlines()[0]
+        raise ConfigError(f"bad gin configuration: {message}; fix the binding or the --gin_file.") from None
+    except IOError as e:
+        raise ConfigError(f"gin include could not be read ({e}); check the include path.") from None
+
+
+def load_experiment(gin_files: Sequence[str], gin_bindings: Sequence[str], modules: Sequence[str] = ()):
+    """Imports, parses and builds the gin-configured Experiment (``train.*``)."""
+    # Registers the package's own configurables (strategies, Trainer) before parsing.
+    from tfdist_trainer import runner
+    import_modules(modules)
+    parse_gin(gin_files, gin_bindings)
+    try:
+        return runner.Experiment()
+    except (ValueError, TypeError) as e:
+        message = str(e).strip().splitlines()[0]
+        raise ConfigError(message) from None

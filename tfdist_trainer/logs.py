@@ -1,0 +1,55 @@
+"""Logging with the task's role on every line, and the run's machine-readable record."""
+
+from __future__ import annotations
+
+import json
+import logging as std_logging
+import os
+import time
+
+from absl import logging
+
+
+class _RoleFormatter(std_logging.Formatter):
+    def __init__(self, role: str, base: std_logging.Formatter):
+        super().__init__()
+        self._role = role
+        self._base = base
+
+    def format(self, record):
+        return f"[{self._role}] {self._base.format(record)}"
+
+
+def set_role(role: str) -> None:
+    """Prefixes every absl log line of this process with ``[role]``."""
+    handler = logging.get_absl_handler()
+    python_handler = handler.python_handler
+    base = python_handler.formatter or logging.PythonFormatter()
+    if isinstance(base, _RoleFormatter):
+        base = base._base
+    python_handler.setFormatter(_RoleFormatter(role, base))
+    logging.use_python_logging(quiet=True)  # route through the formatter above
+
+
+class MetricsRecord:
+    """Appends one JSON object per report to ``model_dir/<name>``; what tests, demos and tools read."""
+
+    def __init__(self, path: str, enabled: bool = True):
+        self.path = path
+        self.enabled = enabled
+        if enabled:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    def write(self, **fields) -> None:
+        if not self.enabled:
+            return
+        fields.setdefault("time", time.time())
+        with open(self.path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+def read_records(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,147 @@
+"""The step loops: many training steps per `tf.function` call, synchronous or scheduled.
+
+One compiled loop function serves every strategy: it runs `steps` replica
+steps through `strategy.run` and bumps the global step once. Synchronous
+strategies call it directly; under parameter_server the chief hands whole
+calls to `ClusterCoordinator.schedule`, so a worker runs `steps_per_loop`
+steps per round trip (DESIGN: ~3x more steps/s at 10 than at 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from tfdist_trainer import data as data_lib
+from tfdist_trainer.trainer import Trainer
+
+
+def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer,
+                   global_step: tf.Variable) -> Callable:
+    @tf.function
+    def train_loop(iterator, steps):
+        total = tf.constant(0.0, tf.float32)
+        for _ in tf.range(steps):
+            replica_loss = strategy.run(trainer.train_step, args=(next(iterator),))
+            total += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, replica_loss, axis=None), tf.float32)
+        global_step.assign_add(tf.cast(steps, tf.int64))
+        return total / tf.cast(steps, tf.float32)
+    return train_loop
+
+
+class TrainLoop:
+    """Runs training steps under a synchronous strategy (one_device, mirrored, multi_worker_mirrored)."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
+                 steps_per_loop: int):
+        self.strategy = strategy
+        self.steps_per_loop = steps_per_loop
+        self._loop = _train_loop_fn(strategy, trainer, global_step)
+        dataset = strategy.distribute_datasets_from_function(
+            lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx)))
+        self._iterator = iter(dataset)
+
+    def train(self, steps: int) -> float:
+        """Runs `steps` steps (in calls of at most steps_per_loop); returns their mean loss."""
+        total, done = 0.0, 0
+        while done < steps:
+            n = min(self.steps_per_loop, steps - done)
+            total += float(self._loop(self._iterator, tf.constant(n, tf.int64))) * n
+            done += n
+        return total / max(steps, 1)
+
+
+class ScheduledTrainLoop:
+    """Runs training steps under parameter_server: whole loops scheduled onto workers by the chief."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, coordinator: Any, trainer: Trainer,
+                 global_step: tf.Variable, steps_per_loop: int):
+        self.coordinator = coordinator
+        self.steps_per_loop = steps_per_loop
+        self._loop = _train_loop_fn(strategy, trainer, global_step)
+
+        def per_worker_dataset_fn():
+            # Each worker is one input pipeline; asynchronous workers need no sharding.
+            return strategy.distribute_datasets_from_function(
+                lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx)))
+
+        per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
+        self._iterator = iter(per_worker)
+
+    def train(self, steps: int) -> float:
+        """Schedules ceil(steps / steps_per_loop) loops, waits for all, returns their mean loss."""
+        results = []
+        full, rest = divmod(steps, self.steps_per_loop)
+        chunks = [self.steps_per_loop] * full + ([rest] if rest else [])
+        for n in chunks:
+            results.append((n, self.coordinator.schedule(
+                self._loop, args=(self._iterator, tf.constant(n, tf.int64)))))
+        self.coordinator.join()
+        total = sum(n * float(r.fetch()) for n, r in results)
+        return total / max(steps, 1)
+
+
+def _eval_loop_fn(trainer: Trainer) -> Callable:
+    @tf.function
+    def eval_batch(batch):
+        trainer.eval_step(batch)
+    return eval_batch
+
+
+class EvalLoop:
+    """One pass over the evaluation data; returns {metric name: value}.
+
+    Synchronous strategies split batches over replicas (partial final batches
+    are handled by tf.distribute). Under parameter_server, and in the
+    evaluator side-car, the pass runs locally on the calling process, reading
+    variables from wherever they live.
+    """
+
+    def __init__(self, trainer: Trainer, strategy: tf.distribute.Strategy | None, distributed: bool):
+        self.trainer = trainer
+        self.strategy = strategy
+        self.distributed = distributed
+        dataset = trainer.build_eval_dataset(data_lib.single_pipeline_context())
+        self.enabled = dataset is not None
+        if not self.enabled:
+            return
+        dataset = data_lib.finish(dataset)
+        if distributed:
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+            self._dataset = strategy.experimental_distribute_dataset(dataset.with_options(options))
+
+            @tf.function
+            def eval_pass(dist_dataset):
+                for batch in dist_dataset:
+                    strategy.run(trainer.eval_step, args=(batch,))
+            self._pass = eval_pass
+        else:
+            self._dataset = dataset
+            step = _eval_loop_fn(trainer)
+
+            def eval_pass(local_dataset):
+                for batch in local_dataset:
+                    step(batch)
+            self._pass = eval_pass
+
+    def evaluate(self) -> dict[str, float]:
+        if not self.enabled:
+            return {}
+        for metric in self.trainer.eval_metrics:
+            metric.reset_state()
+        self._pass(self._dataset)
+        return metric_values(self.trainer.eval_metrics)
+
+
+def metric_values(metrics) -> dict[str, float]:
+    values = {}
+    for metric in metrics:
+        result = metric.result()
+        if isinstance(result, dict):
+            values.update({k: float(v) for k, v in result.items()})
+        else:
+            values[metric.name] = float(result)
+    return values

@@ -1,0 +1,124 @@
+"""`Trainer`: the methods a user overrides to describe a model, its data and its loss.
+
+A Trainer says *what* to train, never *how* it is distributed: the same
+subclass runs under every strategy because the loops (tfdist_trainer.loops)
+call its steps inside `strategy.run` and hand it an `InputContext` for its
+data. The runtime objects (model, optimizer, metrics) are created by the
+runner under the strategy's scope and attached to the Trainer before any step
+runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gin
+import keras
+import tensorflow as tf
+
+
+@gin.configurable
+class Trainer:
+    """Base class for user trainers.
+
+    Override `build_model`, `build_train_dataset` and `compute_loss`; usually
+    also `build_optimizer`, `build_eval_dataset` and `build_metrics`. Override
+    `train_step` / `eval_step` only for unusual steps (GANs, several losses):
+    they run once per replica inside `strategy.run`.
+
+    Args:
+      global_batch_size: examples per training step summed over all replicas
+        (under parameter_server: per step of one worker). Bind it in gin as
+        `Trainer.global_batch_size = 256`.
+      eval_batch_size: batch size for evaluation; defaults to global_batch_size.
+    """
+
+    def __init__(self, *, global_batch_size: int = 64, eval_batch_size: int | None = None):
+        if global_batch_size < 1:
+            raise ValueError(f"Trainer.global_batch_size must be >= 1, got {global_batch_size}.")
+        self.global_batch_size = global_batch_size
+        self.eval_batch_size = eval_batch_size or global_batch_size
+        # Attached by the runner (tfdist_trainer.runner.build_state) under the strategy scope.
+        self.model: keras.Model | None = None
+        self.optimizer: keras.optimizers.Optimizer | None = None
+        self.train_metrics: list[keras.metrics.Metric] = []
+        self.eval_metrics: list[keras.metrics.Metric] = []
+
+    # -- what a user describes ----------------------------------------------
+    def build_model(self) -> keras.Model:
+        """Returns the Keras 3 model. Called once, under the strategy's scope."""
+        raise NotImplementedError(f"{type(self).__name__} must override build_model().")
+
+    def build_optimizer(self) -> keras.optimizers.Optimizer:
+        """Returns the optimizer (default Adam). Called once, under the strategy's scope."""
+        return keras.optimizers.Adam()
+
+    def build_train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """Returns this input pipeline's training data as batched `(features, labels)`.
+
+        Batch with `self.per_replica_batch_size(input_context)` and shard with
+        `tfdist_trainer.data.shard(dataset, input_context)`; repeat forever: the
+        runner decides how many steps to take.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must override build_train_dataset().")
+
+    def build_eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset | None:
+        """Returns finite evaluation data batched by `self.eval_batch_size`, or None for no evaluation."""
+        return None
+
+    def compute_loss(self, labels: Any, predictions: Any) -> tf.Tensor:
+        """Returns the loss of each example (shape [batch]); the runner averages over the global batch."""
+        raise NotImplementedError(f"{type(self).__name__} must override compute_loss().")
+
+    def build_metrics(self) -> list[keras.metrics.Metric]:
+        """Returns fresh Keras metrics; called twice (train and eval sets) under the strategy's scope."""
+        return []
+
+    # -- steps (run per replica) --------------------------------------------
+    def train_step(self, batch: Any) -> tf.Tensor:
+        """One optimization step on this replica's batch; returns its share of the global mean loss."""
+        features, labels = batch
+        with tf.GradientTape() as tape:
+            predictions = self.model(features, training=True)
+            loss = self.average_loss(self.compute_loss(labels, predictions))
+        variables = self.model.trainable_variables
+        gradients = tape.gradient(loss, variables)
+        self.optimizer.apply_gradients(zip(gradients, variables))
+        for metric in self.train_metrics:
+            metric.update_state(labels, predictions)
+        return loss
+
+    def eval_step(self, batch: Any) -> None:
+        """Updates `self.eval_metrics` with one batch."""
+        features, labels = batch
+        predictions = self.model(features, training=False)
+        for metric in self.eval_metrics:
+            metric.update_state(labels, predictions)
+
+    # -- helpers for subclasses ---------------------------------------------
+    def per_replica_batch_size(self, input_context: tf.distribute.InputContext) -> int:
+        """This replica's share of `global_batch_size`; names the problem when it does not divide."""
+        replicas = input_context.num_replicas_in_sync
+        if self.global_batch_size % replicas:
+            raise ValueError(
+                f"Trainer.global_batch_size={self.global_batch_size} is not divisible by the "
+                f"{replicas} replicas in sync; pick a multiple of {replicas}."
+            )
+        return self.global_batch_size // replicas
+
+    def average_loss(self, per_example_loss: tf.Tensor) -> tf.Tensor:
+        """Mean over the *global* batch plus scaled regularization losses.
+
+        Dividing by the global batch (not the replica's) keeps gradients the same
+        whatever the number of replicas, because replica gradients are summed.
+        """
+        per_example_loss = tf.convert_to_tensor(per_example_loss)
+        if per_example_loss.shape.rank not in (None, 1):
+            raise ValueError(
+                f"{type(self).__name__}.compute_loss must return one loss per example (shape [batch]), "
+                f"got shape {per_example_loss.shape}."
+            )
+        loss = tf.nn.compute_average_loss(tf.cast(per_example_loss, tf.float32))
+        if self.model is not None and self.model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses]))
+        return loss
