@@ -30,7 +30,7 @@ class Checkpointer:
         self._manager = tf.train.CheckpointManager(
             checkpoint, self._directory, max_to_keep=keep, step_counter=global_step)
         self._checkpoint = checkpoint
-        self._last_saved_step: int | None = None
+        self._last_saved_step = 0
 
     def restore(self) -> int | None:
         """Restores the chief's latest checkpoint; returns its step, or None on a fresh start."""
@@ -44,8 +44,7 @@ class Checkpointer:
         return step
 
     def due(self, step: int) -> bool:
-        return bool(self.every_n_steps) and (
-            self._last_saved_step is None or step - self._last_saved_step >= self.every_n_steps)
+        return bool(self.every_n_steps) and step - self._last_saved_step >= self.every_n_steps
 
     def save(self, step: int) -> None:
         if self._last_saved_step == step:
@@ -55,4 +54,4 @@ class Checkpointer:
         if self.is_writer:
             logging.info("saved checkpoint %s", path)
         else:
-            shutil.rmtree(self._directory, ignore_errors=True)
+            shutil.rmtree(os.path.dirname(self._directory), ignore_errors=True)
