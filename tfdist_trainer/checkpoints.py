@@ -54,4 +54,8 @@ class Checkpointer:
         if self.is_writer:
             logging.info("saved checkpoint %s", path)
         else:
-            shutil.rmtree(os.path.dirname(self._directory), ignore_errors=True)
+            shutil.rmtree(self._directory, ignore_errors=True)
+            try:  # the last worker out removes the shared parent too
+                os.rmdir(os.path.dirname(self._directory))
+            except OSError:
+                pass
