@@ -1,0 +1,30 @@
+# Every target installs what it needs into .venv itself (idempotent: a stamp
+# file is rebuilt only when pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# MNIST on a local multi-process cluster: parameter_server (chief + 2 workers + 1 ps),
+# then multi_worker_mirrored (2 workers). Prints the test accuracy of each.
+demo: $(STAMP)
+	$(BIN)/python -m recipes.mnist.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra tests
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

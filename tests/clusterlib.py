@@ -1,0 +1,159 @@
+"""Helpers for tests that start real tfdist-train / tfdist-launch processes on 127.0.0.1.
+
+No TensorFlow is mocked: every helper runs the real command lines a user runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+import portpicker
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+
+# A small, fast MNIST configuration (the offline digits set when MNIST is absent).
+FAST_MNIST = [
+    f"--gin_file={REPO}/configs/mnist.gin",
+    "--gin_bindings=MnistTrainer.filters=(8, 16)",
+    "--gin_bindings=MnistTrainer.dense_units=32",
+    "--gin_bindings=MnistTrainer.data_source='digits'",
+    "--gin_bindings=train.log_every_n_steps=50",
+]
+
+
+def strategy_gin(name: str) -> str:
+    return f"--gin_file={REPO}/configs/strategies/{name}.gin"
+
+
+def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["TF_CPP_MIN_LOG_LEVEL"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def train_cmd(*args: str) -> list[str]:
+    return [PYTHON, "-m", "tfdist_trainer.cli", *args]
+
+
+def launch_cmd(launch_args: Sequence[str], train_args: Sequence[str]) -> list[str]:
+    return [PYTHON, "-m", "tfdist_trainer.launch", *launch_args, "--", *train_args]
+
+
+def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 300,
+        cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Runs a command to completion in its own process group; kills the group on timeout."""
+    proc = subprocess.Popen(list(cmd), env=dict(env or base_env()), cwd=cwd or REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{' '.join(cmd)} did not finish within {timeout}s; output:\n{out[-5000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def pick_cluster(layout: Mapping[str, int]) -> dict[str, list[str]]:
+    return {t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items()}
+
+
+def tf_config(cluster: Mapping[str, list[str]], task_type: str, index: int) -> str:
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+class HandCluster:
+    """Starts one tfdist-train process per task, each with its own TF_CONFIG, as a user would by hand."""
+
+    def __init__(self, cluster: Mapping[str, list[str]], train_args: Sequence[str], log_dir: str,
+                 per_task_args: Mapping[str, Sequence[str]] | None = None, use_flags: bool = False):
+        self.cluster = cluster
+        self.train_args = list(train_args)
+        self.log_dir = log_dir
+        self.per_task_args = per_task_args or {}
+        self.use_flags = use_flags
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def _args_for(self, task_type: str, index: int) -> tuple[list[str], dict[str, str]]:
+        env = base_env()
+        args = list(self.train_args) + list(self.per_task_args.get(task_type, ()))
+        if self.use_flags:
+            args += [f"--job_name={task_type}", f"--task_index={index}"]
+            for t, flag in (("ps", "ps_hosts"), ("worker", "worker_hosts"), ("chief", "chief_host"),
+                            ("evaluator", "evaluator_host")):
+                if t in self.cluster:
+                    args.append(f"--{flag}={','.join(self.cluster[t])}")
+        else:
+            env["TF_CONFIG"] = tf_config(self.cluster, task_type, index)
+        return args, env
+
+    def start(self, task_type: str, index: int) -> subprocess.Popen:
+        args, env = self._args_for(task_type, index)
+        log = open(os.path.join(self.log_dir, f"{task_type}-{index}.log"), "w")
+        proc = subprocess.Popen(train_cmd(*args), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs[f"{task_type}:{index}"] = proc
+        return proc
+
+    def start_all(self, order: Sequence[str] = ("ps", "worker", "evaluator", "chief")) -> None:
+        for task_type in order:
+            for index in range(len(self.cluster.get(task_type, ()))):
+                self.start(task_type, index)
+
+    def wait(self, role: str, timeout: float = 300) -> int:
+        try:
+            return self.procs[role].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{role} did not finish within {timeout}s:\n{self.log(role)[-5000:]}")
+
+    def wait_all(self, timeout: float = 300) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        return {role: self.wait(role, max(1, deadline - time.monotonic())) for role in self.procs}
+
+    def log(self, role: str) -> str:
+        with open(os.path.join(self.log_dir, role.replace(":", "-") + ".log")) as f:
+            return f.read()
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def read_records(model_dir: str, name: str = "metrics.jsonl") -> list[dict]:
+    path = os.path.join(model_dir, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def no_process_left(marker: str) -> list[str]:
+    """Command lines of live processes that contain `marker` (a unique model_dir, say)."""
+    left = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            left.append(f"{pid}: {cmdline}")
+    return left
