@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import tokenize
 from collections.abc import Sequence
 
 import gin
@@ -25,27 +26,47 @@ def import_modules(modules: Sequence[str]) -> None:
             raise ConfigError(f"--module {name} could not be imported ({e}); check the name and PYTHONPATH.") from None
 
 
-def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
-    """Parses gin files then bindings; unknown names and missing files end in one sentence."""
+def check_gin_files(gin_files: Sequence[str]) -> None:
+    """Names a missing --gin_file before TensorFlow is imported (a typo should not cost seconds)."""
     for path in gin_files:
         if not os.path.isfile(path):
             raise ConfigError(f"gin file {path} does not exist; check the --gin_file path.")
+
+
+def _gin_problem(e: BaseException) -> str:
+    """Gin's error as one line: its first line plus the statement and place it names on the next ones."""
+    if isinstance(e, tokenize.TokenError):  # an unclosed bracket or quote; gin does not wrap it
+        return f"{e.args[0]} (an unclosed bracket or quote?)"
+    if isinstance(e, SyntaxError):
+        where = f"file {e.filename}" if e.filename else "the gin files or bindings"
+        text = f" `{e.text.strip()}`" if e.text and e.text.strip() else ""
+        return f"{(e.msg or 'syntax error').rstrip('.')} in{text} ({where}, line {e.lineno})"
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    message = lines[0].rstrip(".") if lines else type(e).__name__
+    if len(lines) >= 3 and lines[1].startswith("In "):  # '  In file "x.gin", line 3' then the statement
+        message += f" in `{lines[2]}` ({lines[1][3:]})"
+    return message
+
+
+def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
+    """Parses gin files then bindings; unknown names and missing files end in one sentence."""
+    check_gin_files(gin_files)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     gin.clear_config()
     try:
         gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False)
     except ImportError as e:
-        raise ConfigError(f"a gin 'import' failed ({e}); make the module importable from the working directory or PYTHONPATH.") from None
-    except (ValueError, KeyError, SyntaxError) as e:
-        message = str(e).strip().splitlines()[0]
-        raise ConfigError(f"bad gin configuration: {message}; fix the binding or the --gin_file.") from None
+        raise ConfigError(f"a gin 'import' failed ({_gin_problem(e)}); make the module importable from the working directory or PYTHONPATH.") from None
+    except (ValueError, KeyError, SyntaxError, tokenize.TokenError) as e:
+        raise ConfigError(f"bad gin configuration: {_gin_problem(e)}; fix the binding or the --gin_file.") from None
     except IOError as e:
-        raise ConfigError(f"gin include could not be read ({e}); check the include path.") from None
+        raise ConfigError(f"gin include could not be read ({_gin_problem(e)}); check the include path.") from None
 
 
 def load_experiment(gin_files: Sequence[str], gin_bindings: Sequence[str], modules: Sequence[str] = ()):
     """Imports, parses and builds the gin-configured Experiment (``train.*``)."""
+    check_gin_files(gin_files)
     # Registers the package's own configurables (strategies, Trainer) before parsing.
     from tfdist_trainer import runner
     import_modules(modules)

@@ -1,0 +1,299 @@
+"""The Trainer's step loop against a hand-written tf.function loop and Keras 3 `model.fit`, side by side.
+
+    python -m benchmarks.trainer_vs_baselines [--steps=1000] [--repeats=5] [--data=digits|synthetic]
+                                              [--out=bench_out] [--smoke]
+
+Same model (recipes/mnist MnistTrainer.build_model), optimizer (Adam 1e-3),
+loss, accuracy metric and data (an in-memory pool, normalized once, cached,
+repeated, batched, prefetched; no shuffle) for every variant, one_device,
+all in one process:
+
+  trainer       the library's own path: runner.build_state + loops.TrainLoop(steps_per_loop=100)
+                under strategies.OneDevice, timed around loop.train(steps)
+  handwritten   the baseline: a plain tf.function running 100 steps per call (no strategy)
+  fit_default   model.fit(steps_per_epoch=steps, epochs=1), Keras defaults (steps_per_execution=1,
+                jit_compile='auto', which on TensorFlow means XLA when every layer supports it)
+  fit_spe100    the same with compile(steps_per_execution=100)
+  fit_default_nojit, fit_spe100_nojit   (only with --variants) the fit runs with jit_compile=False
+
+Every variant gets its own freshly built, identically seeded model and runs
+`--warmup_steps` untimed steps first (tracing, XLA compilation, first
+iterator). The timed repetitions are interleaved round by round (rotating the
+order) so that machine load drifts hit every variant alike; the table shows
+the median and min..max. fit runs with verbose=0 (no progress bar I/O).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from typing import Callable
+
+from benchmarks import _common
+
+NAME = "trainer_vs_baselines"
+BASELINE = "handwritten"
+DEFAULT_VARIANTS = ("trainer", "handwritten", "fit_default", "fit_spe100")
+ALL_VARIANTS = DEFAULT_VARIANTS + ("fit_default_nojit", "fit_spe100_nojit")
+TARGET_TRAINER_OVER_HANDWRITTEN = 1.05   # time ratio, at most
+TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.7      # fit_default time / trainer time, at least
+
+DESCRIPTIONS = {
+    "trainer": "tfdist_trainer TrainLoop, steps_per_loop=100",
+    "handwritten": "tf.function loop, 100 steps/call",
+    "fit_default": "Keras model.fit, defaults",
+    "fit_spe100": "Keras model.fit, steps_per_execution=100",
+    "fit_default_nojit": "Keras model.fit, jit_compile=False",
+    "fit_spe100_nojit": "model.fit, spe=100, jit_compile=False",
+}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.trainer_vs_baselines", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=1000, help="timed steps per repetition and variant")
+    p.add_argument("--repeats", type=int, default=5, help="timed repetitions per variant")
+    p.add_argument("--warmup_steps", type=int, default=200, help="untimed steps per variant first")
+    p.add_argument("--steps_per_loop", type=int, default=100,
+                   help="steps per tf.function call (trainer, handwritten) and steps_per_execution (fit_spe100)")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)")
+    p.add_argument("--dense_units", type=int, default=128)
+    p.add_argument("--data", default="digits", choices=("digits", "synthetic"))
+    p.add_argument("--pool_size", type=int, default=4096, help="examples in the synthetic pool")
+    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                   help=f"comma-separated subset of {','.join(ALL_VARIANTS)}; must include {BASELINE}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for trainer_vs_baselines.json")
+    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.repeats, args.warmup_steps, args.steps_per_loop = 20, 1, 10, 10
+        args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
+    args.filters = tuple(_common.parse_int_list(args.filters))
+    args.variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(args.variants) - set(ALL_VARIANTS))
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(ALL_VARIANTS)}")
+    if BASELINE not in args.variants:
+        p.error(f"--variants must include the baseline {BASELINE}")
+    for name in ("steps", "repeats", "steps_per_loop", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+# -- the variants: each returns a function that runs n steps and blocks until done -------------
+
+def _template(args, pool):
+    """A MnistTrainer reading the benchmark pool; only used for its build_model / build_optimizer."""
+    return _common.bench_trainer_cls()(pool=pool, global_batch_size=args.batch_size,
+                                       filters=args.filters, dense_units=args.dense_units)
+
+
+def make_trainer(args, pool) -> Callable[[int], float]:
+    import keras
+
+    from tfdist_trainer import loops, runner
+    from tfdist_trainer.strategies import OneDevice
+
+    keras.utils.set_random_seed(args.seed)
+    trainer = _template(args, pool)
+    strategy = OneDevice().create(None)
+    global_step, _ = runner.build_state(trainer, strategy)
+    loop = loops.TrainLoop(strategy, trainer, global_step, args.steps_per_loop)
+    return loop.train
+
+
+def make_handwritten(args, pool) -> Callable[[int], float]:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(args.seed)
+    template = _template(args, pool)
+    model = template.build_model()
+    optimizer = template.build_optimizer()
+    optimizer.build(model.trainable_variables)
+    accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    iterator = iter(_common.make_dataset(pool, args.batch_size).prefetch(tf.data.AUTOTUNE))
+
+    @tf.function
+    def train_steps(iterator, n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            images, labels = next(iterator)
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                loss = tf.reduce_mean(
+                    keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            accuracy.update_state(labels, logits)
+        return loss
+
+    def run(steps: int) -> float:
+        loss, done = None, 0
+        while done < steps:
+            n = min(args.steps_per_loop, steps - done)
+            loss = train_steps(iterator, tf.constant(n, tf.int64))
+            done += n
+        return float(loss)
+    return run
+
+
+def make_fit(args, pool, *, steps_per_execution: int, jit_compile) -> Callable[[int], float]:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(args.seed)
+    template = _template(args, pool)
+    model = template.build_model()
+    model.compile(optimizer=template.build_optimizer(),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                  steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+    dataset = _common.make_dataset(pool, args.batch_size).prefetch(tf.data.AUTOTUNE)
+
+    def run(steps: int) -> float:
+        history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+        return float(history.history["loss"][-1])
+    run.model = model
+    return run
+
+
+def build_variant(name: str, args, pool) -> Callable[[int], float]:
+    spl = args.steps_per_loop
+    return {
+        "trainer": lambda: make_trainer(args, pool),
+        "handwritten": lambda: make_handwritten(args, pool),
+        "fit_default": lambda: make_fit(args, pool, steps_per_execution=1, jit_compile="auto"),
+        "fit_spe100": lambda: make_fit(args, pool, steps_per_execution=spl, jit_compile="auto"),
+        "fit_default_nojit": lambda: make_fit(args, pool, steps_per_execution=1, jit_compile=False),
+        "fit_spe100_nojit": lambda: make_fit(args, pool, steps_per_execution=spl, jit_compile=False),
+    }[name]()
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+def run(args: argparse.Namespace) -> dict:
+    _common.quiet_tensorflow()
+    import tensorflow as tf
+
+    pool = _common.load_pool(args.data, args.pool_size, args.seed)
+    print(f"[{NAME}] data={args.data} ({len(pool[1])} examples) batch={args.batch_size} "
+          f"filters={args.filters} dense={args.dense_units} steps={args.steps} x {args.repeats} "
+          f"(warm-up {args.warmup_steps}) on {tf.config.list_logical_devices()[0].name}", flush=True)
+
+    runners, info = {}, {}
+    for name in args.variants:
+        t0 = time.perf_counter()
+        runners[name] = build_variant(name, args, pool)
+        loss = runners[name](args.warmup_steps)
+        model = getattr(runners[name], "model", None)
+        info[name] = {"description": DESCRIPTIONS[name], "build_and_warmup_s": time.perf_counter() - t0,
+                      "warmup_loss": loss}
+        if model is not None:
+            info[name]["jit_compile"] = bool(model.jit_compile)
+            info[name]["steps_per_execution"] = int(model.steps_per_execution)
+        print(f"[{NAME}] {name}: built and warmed up in {info[name]['build_and_warmup_s']:.1f}s "
+              f"(loss {loss:.4f})", flush=True)
+
+    times: dict[str, list[float]] = {name: [] for name in args.variants}
+    losses: dict[str, float] = {}
+    for rep in range(args.repeats):
+        order = args.variants[rep % len(args.variants):] + args.variants[:rep % len(args.variants)]
+        for name in order:
+            gc.collect()
+            t0 = time.perf_counter()
+            losses[name] = runners[name](args.steps)
+            times[name].append(time.perf_counter() - t0)
+        print(f"[{NAME}] round {rep + 1}/{args.repeats}: " +
+              " ".join(f"{n}={args.steps / times[n][-1]:.1f}" for n in args.variants) + " steps/s", flush=True)
+
+    results = {}
+    for name in args.variants:
+        results[name] = {**info[name], **_common.summarize(times[name], args.steps), "final_loss": losses[name]}
+    base = results[BASELINE]
+    for name in args.variants:
+        results[name]["time_ratio_vs_baseline"] = results[name]["time_s_median"] / base["time_s_median"]
+        results[name]["time_ratio_vs_baseline_paired"] = _common.ratio_spread(times[name], times[BASELINE])
+
+    summary = {}
+    if "trainer" in results:
+        ratio = results["trainer"]["time_ratio_vs_baseline"]
+        summary["trainer_over_handwritten_time"] = ratio
+        summary["trainer_over_handwritten_time_paired"] = results["trainer"]["time_ratio_vs_baseline_paired"]
+        summary["trainer_over_handwritten_target_max"] = TARGET_TRAINER_OVER_HANDWRITTEN
+        summary["trainer_over_handwritten_meets_target"] = ratio <= TARGET_TRAINER_OVER_HANDWRITTEN
+        for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
+            if fit in results:
+                summary[f"trainer_speedup_vs_{fit}"] = (results[fit]["time_s_median"]
+                                                        / results["trainer"]["time_s_median"])
+                summary[f"trainer_speedup_vs_{fit}_paired"] = _common.ratio_spread(times[fit], times["trainer"])
+        if "fit_default" in results:
+            summary["trainer_speedup_vs_fit_default_target_min"] = TARGET_SPEEDUP_VS_FIT_DEFAULT
+            summary["trainer_speedup_vs_fit_default_meets_target"] = (
+                summary["trainer_speedup_vs_fit_default"] >= TARGET_SPEEDUP_VS_FIT_DEFAULT)
+
+    payload = {
+        "benchmark": NAME,
+        "smoke": args.smoke,
+        "command": " ".join(["python -m benchmarks.trainer_vs_baselines", *sys.argv[1:]]),
+        "config": {"steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
+                   "steps_per_loop": args.steps_per_loop, "batch_size": args.batch_size,
+                   "filters": list(args.filters), "dense_units": args.dense_units, "data": args.data,
+                   "data_examples": int(len(pool[1])), "strategy": "one_device", "seed": args.seed},
+        "environment": _common.environment(),
+        "baseline": BASELINE,
+        "results": results,
+        "summary": summary,
+    }
+    path = _common.write_json(args.out, NAME, payload)
+    print()
+    print(format_report(payload))
+    print(f"\n[{NAME}] wrote {path}", flush=True)
+    return payload
+
+
+def format_report(payload: dict) -> str:
+    results, base = payload["results"], payload["baseline"]
+    cfg = payload["config"]
+    rows = []
+    for name, r in results.items():
+        rows.append([name, f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                     f"{r['time_s_median']:.3f}", f"{r['time_ratio_vs_baseline']:.3f}", r["description"]])
+    lines = [f"one_device, {cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), "
+             f"batch {cfg['batch_size']}, data {cfg['data']}; baseline: {base} (ratio = time / {base} time)",
+             _common.format_table(["variant", "steps/s", "steps/s min..max", "time s", f"ratio vs {base}",
+                                   "what"], rows)]
+    s = payload["summary"]
+    if "trainer_over_handwritten_time" in s:
+        p = s["trainer_over_handwritten_time_paired"]
+        lines.append(f"trainer / handwritten time: {s['trainer_over_handwritten_time']:.3f} "
+                     f"(paired per round {p['min']:.3f}..{p['max']:.3f}); target <= "
+                     f"{s['trainer_over_handwritten_target_max']}: "
+                     f"{'met' if s['trainer_over_handwritten_meets_target'] else 'NOT met'}")
+    for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
+        key = f"trainer_speedup_vs_{fit}"
+        if key in s:
+            p = s[f"{key}_paired"]
+            line = f"trainer speedup vs {fit}: {s[key]:.2f}x (paired per round {p['min']:.2f}..{p['max']:.2f})"
+            if fit == "fit_default":
+                line += (f"; target >= {s['trainer_speedup_vs_fit_default_target_min']}x: "
+                         f"{'met' if s['trainer_speedup_vs_fit_default_meets_target'] else 'NOT met'}")
+            lines.append(line)
+    for name, r in results.items():
+        if "jit_compile" in r:
+            lines.append(f"  ({name}: jit_compile={r['jit_compile']}, steps_per_execution={r['steps_per_execution']})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
