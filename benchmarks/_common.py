@@ -76,6 +76,11 @@ def bench_trainer_cls():
     return BenchMnistTrainer
 
 
+def loss_value(result) -> float:
+    """The mean loss from `TrainLoop.train` (a float, or a result object with `.loss`)."""
+    return float(getattr(result, "loss", result))
+
+
 def parse_int_list(text: str) -> list[int]:
     return [int(x) for x in text.replace(" ", "").split(",") if x]
 

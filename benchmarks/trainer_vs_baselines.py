@@ -104,7 +104,7 @@ def make_trainer(args, pool) -> Callable[[int], float]:
     strategy = OneDevice().create(None)
     global_step, _ = runner.build_state(trainer, strategy)
     loop = loops.TrainLoop(strategy, trainer, global_step, args.steps_per_loop)
-    return loop.train
+    return lambda steps: _common.loss_value(loop.train(steps))
 
 
 def make_handwritten(args, pool) -> Callable[[int], float]:

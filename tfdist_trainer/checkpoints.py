@@ -20,10 +20,9 @@ class Checkpointer:
     """Owns the CheckpointManager of one task."""
 
     def __init__(self, *, model_dir: str, cluster: ClusterConfig, checkpoint: tf.train.Checkpoint,
-                 global_step: tf.Variable, every_n_steps: int | None, keep: int):
+                 global_step: tf.Variable, keep: int):
         self.model_dir = model_dir
         self.is_writer = cluster.is_chief
-        self.every_n_steps = every_n_steps
         self.global_step = global_step
         self._directory = model_dir if self.is_writer else os.path.join(
             model_dir, ".tmp_checkpoints", cluster.role.replace(":", "-"))
@@ -43,8 +42,10 @@ class Checkpointer:
         logging.info("restored %s (step %d)", latest, step)
         return step
 
-    def due(self, step: int) -> bool:
-        return bool(self.every_n_steps) and step - self._last_saved_step >= self.every_n_steps
+    def latest_step(self) -> int | None:
+        """The step of the chief's latest checkpoint, without restoring it."""
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        return int(latest.rsplit("-", 1)[1]) if latest else None
 
     def save(self, step: int) -> None:
         if self._last_saved_step == step:

@@ -33,6 +33,7 @@ flags.DEFINE_float("evaluator_timeout_s", 3600.0, "The evaluator gives up after 
 
 EXIT_CONFIG = 2   # the user's configuration or cluster is wrong
 EXIT_FAILED = 1   # training itself failed
+EXIT_PREEMPTED = 143  # SIGTERM, after a checkpoint: retryable under an ExitCode restart policy
 
 
 def _fail(role: str, message: str, code: int) -> None:
@@ -57,6 +58,8 @@ def main(argv: list[str]) -> None:
         set_role(role)
         if not FLAGS.model_dir:
             raise cluster_lib.ClusterConfigError("--model_dir is required; every task of a job needs the same one.")
+        if os.path.exists(FLAGS.model_dir) and not os.path.isdir(FLAGS.model_dir):
+            raise cluster_lib.ClusterConfigError(f"--model_dir {FLAGS.model_dir} is a file, not a directory; pick another path.")
         from tfdist_trainer.config import ConfigError, load_experiment
         experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
         strategy_config = experiment.strategy_config
@@ -83,7 +86,11 @@ def main(argv: list[str]) -> None:
         os.environ["TF_CONFIG"] = tf_config
     else:
         os.environ.pop("TF_CONFIG", None)
-    os.makedirs(FLAGS.model_dir, exist_ok=True)
+    try:
+        os.makedirs(FLAGS.model_dir, exist_ok=True)
+    except OSError as e:  # e.g. a file by that name, or no permission: one sentence, not a traceback
+        _fail(role, f"--model_dir {FLAGS.model_dir} cannot be used as a directory ({e.strerror}); "
+                    f"pick another path.", EXIT_CONFIG)
     logging.info("%s as %s under %s", action.value, role, strategy_config.name)
 
     from tfdist_trainer import runner
@@ -96,13 +103,24 @@ def main(argv: list[str]) -> None:
             runner.run_training(experiment, cluster, FLAGS.model_dir)
     except runner.NonFiniteLossError as e:
         _fail(role, str(e), EXIT_FAILED)
+    except runner.Preempted as e:
+        _fail(role, str(e), EXIT_PREEMPTED)
     except (ValueError, TimeoutError) as e:
         _fail(role, str(e).strip().splitlines()[0], EXIT_FAILED)
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """Parses flags; a bad flag is a config error: one line and exit 2 (absl prints two and exits 1)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"[tfdist-train] error: {e}; see --helpshort for the flags.", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+
+
 def run() -> None:
     """Console-script entry point."""
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

@@ -33,14 +33,19 @@ def check_gin_files(gin_files: Sequence[str]) -> None:
             raise ConfigError(f"gin file {path} does not exist; check the --gin_file path.")
 
 
-def _gin_problem(e: BaseException) -> str:
+def _gin_problem(e: BaseException, gin_bindings: Sequence[str] = ()) -> str:
     """Gin's error as one line: its first line plus the statement and place it names on the next ones."""
     if isinstance(e, tokenize.TokenError):  # an unclosed bracket or quote; gin does not wrap it
         return f"{e.args[0]} (an unclosed bracket or quote?)"
     if isinstance(e, SyntaxError):
-        where = f"file {e.filename}" if e.filename else "the gin files or bindings"
-        text = f" `{e.text.strip()}`" if e.text and e.text.strip() else ""
-        return f"{(e.msg or 'syntax error').rstrip('.')} in{text} ({where}, line {e.lineno})"
+        text = (e.text or "").strip()
+        if e.filename:
+            where = f"file {e.filename}, line {e.lineno}"
+        else:  # gin parses the bindings joined by newlines, so the line is the binding's number
+            where = f"--gin_bindings line {e.lineno}"
+            if not text and e.lineno and 0 < e.lineno <= len(gin_bindings):
+                text = gin_bindings[e.lineno - 1].strip()
+        return f"{(e.msg or 'syntax error').rstrip('.')}{f' in `{text}`' if text else ''} ({where})"
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     message = lines[0].rstrip(".") if lines else type(e).__name__
     if len(lines) >= 3 and lines[1].startswith("In "):  # '  In file "x.gin", line 3' then the statement
@@ -59,7 +64,7 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
     except ImportError as e:
         raise ConfigError(f"a gin 'import' failed ({_gin_problem(e)}); make the module importable from the working directory or PYTHONPATH.") from None
     except (ValueError, KeyError, SyntaxError, tokenize.TokenError) as e:
-        raise ConfigError(f"bad gin configuration: {_gin_problem(e)}; fix the binding or the --gin_file.") from None
+        raise ConfigError(f"bad gin configuration: {_gin_problem(e, gin_bindings)}; fix the binding or the --gin_file.") from None
     except IOError as e:
         raise ConfigError(f"gin include could not be read ({_gin_problem(e)}); check the include path.") from None
 

@@ -220,6 +220,11 @@ def main(argv: list[str]) -> None:
         experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
         tasks, cluster = plan_tasks(experiment.strategy_config, num_workers=FLAGS.num_workers,
                                     num_ps=FLAGS.num_ps, evaluator=FLAGS.evaluator, host=FLAGS.host)
+        try:  # a file by that name, or no permission: one sentence here, not a traceback from start()
+            os.makedirs(os.path.join(settings.model_dir, "logs"), exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--model_dir {settings.model_dir} cannot be used as a directory ({e.strerror}); "
+                              f"pick another path.") from None
     except (ConfigError, ClusterConfigError, ValueError) as e:
         print(f"[launch] error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
@@ -243,9 +248,18 @@ def main(argv: list[str]) -> None:
     sys.exit(code)
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """Parses the launcher's flags; a bad flag exits 2 with one line (absl prints two and exits 1)."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"[launch] error: {e}; see --helpshort for the flags.", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+
+
 def run() -> None:
     """Console-script entry point."""
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

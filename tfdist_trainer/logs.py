@@ -53,3 +53,37 @@ def read_records(path: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+class Summaries:
+    """TensorBoard summaries under model_dir/<name>; a no-op on tasks that do not write."""
+
+    def __init__(self, model_dir: str, enabled: bool):
+        self.model_dir = model_dir
+        self.enabled = enabled
+        self._writers = {}
+
+    def _writer(self, name: str):
+        import tensorflow as tf
+        if name not in self._writers:
+            self._writers[name] = (tf.summary.create_file_writer(os.path.join(self.model_dir, name))
+                                   if self.enabled else tf.summary.create_noop_writer())
+        return self._writers[name]
+
+    def scalars(self, name: str, step: int, values: dict) -> None:
+        import tensorflow as tf
+        if not self.enabled:
+            return
+        with self._writer(name).as_default(step=step):
+            for key, value in values.items():
+                if value is not None:
+                    tf.summary.scalar(key, float(value))
+        self._writer(name).flush()
+
+    def text(self, name: str, tag: str, text: str, step: int = 0) -> None:
+        import tensorflow as tf
+        if not self.enabled:
+            return
+        with self._writer(name).as_default(step=step):
+            tf.summary.text(tag, text)
+        self._writer(name).flush()

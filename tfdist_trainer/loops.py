@@ -9,7 +9,7 @@ steps per round trip (DESIGN: ~3x more steps/s at 10 than at 1).
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -18,17 +18,42 @@ from tfdist_trainer import data as data_lib
 from tfdist_trainer.trainer import Trainer
 
 
+@dataclasses.dataclass
+class LoopResult:
+    """What one `train(steps)` call reports."""
+
+    steps: int
+    loss: float                        # mean over the steps (NaN if any step was)
+    first_nonfinite_step: int | None   # the global step whose loss first was NaN/Inf
+    retried: bool = False              # set by NanGuard when it rolled back to a checkpoint
+
+
 def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer,
                    global_step: tf.Variable) -> Callable:
     @tf.function
     def train_loop(iterator, steps):
+        base = global_step.read_value()
         total = tf.constant(0.0, tf.float32)
-        for _ in tf.range(steps):
+        first_bad = tf.constant(-1, tf.int64)
+        for i in tf.range(steps):
+            # The step being taken, for user steps that need it (schedules, fault injection).
+            trainer.step = base + i + 1
             replica_loss = strategy.run(trainer.train_step, args=(next(iterator),))
-            total += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, replica_loss, axis=None), tf.float32)
+            loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, replica_loss, axis=None), tf.float32)
+            total += loss
+            first_bad = tf.where((first_bad < 0) & ~tf.math.is_finite(loss), base + i + 1, first_bad)
+        # One increment per loop, at its end: a closure that a dead worker never finished
+        # is re-run by the coordinator without counting its steps twice.
         global_step.assign_add(tf.cast(steps, tf.int64))
-        return total / tf.cast(steps, tf.float32)
+        return total / tf.cast(steps, tf.float32), first_bad
     return train_loop
+
+
+def _combine(parts: list[tuple[int, float, int]]) -> LoopResult:
+    steps = sum(n for n, _, _ in parts)
+    loss = sum(n * l for n, l, _ in parts) / max(steps, 1)
+    bad = [b for _, _, b in parts if b >= 0]
+    return LoopResult(steps=steps, loss=loss, first_nonfinite_step=min(bad) if bad else None)
 
 
 class TrainLoop:
@@ -43,14 +68,15 @@ class TrainLoop:
             lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx)))
         self._iterator = iter(dataset)
 
-    def train(self, steps: int) -> float:
-        """Runs `steps` steps (in calls of at most steps_per_loop); returns their mean loss."""
-        total, done = 0.0, 0
+    def train(self, steps: int) -> LoopResult:
+        """Runs `steps` steps in calls of at most steps_per_loop."""
+        parts, done = [], 0
         while done < steps:
             n = min(self.steps_per_loop, steps - done)
-            total += float(self._loop(self._iterator, tf.constant(n, tf.int64))) * n
+            loss, first_bad = self._loop(self._iterator, tf.constant(n, tf.int64))
+            parts.append((n, float(loss), int(first_bad)))
             done += n
-        return total / max(steps, 1)
+        return _combine(parts)
 
 
 class ScheduledTrainLoop:
@@ -70,17 +96,19 @@ class ScheduledTrainLoop:
         per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
         self._iterator = iter(per_worker)
 
-    def train(self, steps: int) -> float:
-        """Schedules ceil(steps / steps_per_loop) loops, waits for all, returns their mean loss."""
-        results = []
+    def train(self, steps: int) -> LoopResult:
+        """Schedules ceil(steps / steps_per_loop) loops onto free workers and waits for all."""
+        scheduled = []
         full, rest = divmod(steps, self.steps_per_loop)
-        chunks = [self.steps_per_loop] * full + ([rest] if rest else [])
-        for n in chunks:
-            results.append((n, self.coordinator.schedule(
+        for n in [self.steps_per_loop] * full + ([rest] if rest else []):
+            scheduled.append((n, self.coordinator.schedule(
                 self._loop, args=(self._iterator, tf.constant(n, tf.int64)))))
         self.coordinator.join()
-        total = sum(n * float(r.fetch()) for n, r in results)
-        return total / max(steps, 1)
+        parts = []
+        for n, remote in scheduled:
+            loss, first_bad = remote.fetch()
+            parts.append((n, float(loss), int(first_bad)))
+        return _combine(parts)
 
 
 def _eval_loop_fn(trainer: Trainer) -> Callable:

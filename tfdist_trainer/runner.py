@@ -8,29 +8,31 @@ checkpoints and evaluation until the global step reaches ``train_steps``.
 
 from __future__ import annotations
 
-import math
 import os
-import socket
+import signal
+import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import gin
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import data as data_lib
+from tfdist_trainer import hooks as hooks_lib
 from tfdist_trainer import loops
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import CHIEF, ClusterConfig, is_listening
-from tfdist_trainer.logs import MetricsRecord, read_records
+from tfdist_trainer.hooks import NonFiniteLossError  # noqa: F401  (re-exported for the CLI)
+from tfdist_trainer.logs import MetricsRecord, Summaries
 from tfdist_trainer.strategies import OneDevice, StrategyConfig, as_strategy_config
 from tfdist_trainer.trainer import Trainer
 
 
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or Inf; no checkpoint is written for that state."""
+class Preempted(Exception):
+    """SIGTERM arrived; a checkpoint was saved and the task should exit so it can be restarted."""
 
 
 @gin.configurable("train")
@@ -43,10 +45,11 @@ class Experiment:
       train_steps: the global step at which training stops (exact under every strategy).
       steps_per_loop: steps per `tf.function` call (or per scheduled closure); None takes the
         strategy's default.
-      log_every_n_steps: progress and train-metric reports.
+      log_every_n_steps: progress, train-metric records and summaries.
       eval_every_n_steps: inline evaluation interval; None evaluates only at the end.
-      checkpoint_every_n_steps: None saves only at the end.
+      checkpoint_every_n_steps: None saves only at the end (see CheckpointHook for time-based saves).
       keep_checkpoints: how many checkpoints to keep.
+      extra_hooks: more hooks after the default ones, e.g. [@EarlyStopping(), @ExportSavedModel()].
       seed: seeds Python, NumPy and TF for reproducible runs; None leaves them random.
     """
 
@@ -54,12 +57,13 @@ class Experiment:
                  train_steps: int = 1000, steps_per_loop: int | None = None,
                  log_every_n_steps: int = 100, eval_every_n_steps: int | None = None,
                  checkpoint_every_n_steps: int | None = 1000, keep_checkpoints: int = 3,
-                 seed: int | None = None):
+                 extra_hooks: Sequence[Any] = (), seed: int | None = None):
         if trainer_cls is None:
             raise ValueError("train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer.")
         if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, Trainer)):
             raise ValueError(f"train.trainer_cls must be a subclass of tfdist_trainer.Trainer, got {trainer_cls!r}.")
-        for name, value in (("train_steps", train_steps), ("log_every_n_steps", log_every_n_steps)):
+        for name, value in (("train_steps", train_steps), ("log_every_n_steps", log_every_n_steps),
+                            ("keep_checkpoints", keep_checkpoints)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"train.{name} must be a positive integer, got {value!r}.")
         for name, value in (("steps_per_loop", steps_per_loop), ("eval_every_n_steps", eval_every_n_steps),
@@ -70,10 +74,10 @@ class Experiment:
         self.strategy_config: StrategyConfig = as_strategy_config(strategy)
         self.train_steps = train_steps
         self.steps_per_loop = steps_per_loop or self.strategy_config.default_steps_per_loop
-        self.log_every_n_steps = log_every_n_steps
-        self.eval_every_n_steps = eval_every_n_steps
-        self.checkpoint_every_n_steps = checkpoint_every_n_steps
         self.keep_checkpoints = keep_checkpoints
+        self.hooks = hooks_lib.default_hooks(
+            log_every_n_steps=log_every_n_steps, checkpoint_every_n_steps=checkpoint_every_n_steps,
+            eval_every_n_steps=eval_every_n_steps) + hooks_lib.as_hooks(extra_hooks)
         self.seed = seed
 
 
@@ -90,19 +94,25 @@ def _example_batch(trainer: Trainer) -> Any:
     return tf.nest.map_structure(zeros, features_spec)
 
 
+def build_model(trainer: Trainer) -> keras.Model:
+    """Builds the user's model with all its variables, never lazily inside a step.
+
+    Variables land where the current scope places them only when they are
+    created here, not when a `tf.function` first calls the model.
+    """
+    model = trainer.build_model()
+    if not model.built:
+        model(_example_batch(trainer), training=False)
+    return model
+
+
 def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_optimizer: bool = True
                 ) -> tuple[tf.Variable, tf.train.Checkpoint]:
-    """Creates model, optimizer, metrics and global step under the scope; returns (global_step, checkpoint).
-
-    Everything is built eagerly here, never lazily inside a step, so that
-    variables land where the strategy places them.
-    """
+    """Creates model, optimizer, metrics and global step under the scope; returns (global_step, checkpoint)."""
     with strategy.scope():
-        trainer.model = trainer.build_model()
-        if not trainer.model.built:
-            trainer.model(_example_batch(trainer), training=False)
+        trainer.model = build_model(trainer)
         trainer.train_metrics = trainer.build_metrics()
-        trainer.eval_metrics = trainer.build_metrics()
+        trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         items = {"model": trainer.model, "global_step": global_step}
@@ -113,14 +123,129 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
     return global_step, tf.train.Checkpoint(**items)
 
 
-# -- training ------------------------------------------------------------------
+def trainer_tags(trainer: Trainer) -> dict[str, str]:
+    tags = getattr(trainer, "record_tags", None)
+    return dict(tags() if callable(tags) else tags or {})
 
-def _format_metrics(values: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.4f}" for k, v in values.items())
+
+# -- the run -------------------------------------------------------------------
+
+class RunContext:
+    """Everything a hook may touch during one training run of one task."""
+
+    def __init__(self, *, experiment: Experiment, cluster: ClusterConfig, model_dir: str,
+                 strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
+                 checkpointer: Checkpointer, evaluator: loops.EvalLoop, synchronous_workers: bool):
+        self.experiment = experiment
+        self.cluster = cluster
+        self.model_dir = model_dir
+        self.strategy = strategy
+        self.trainer = trainer
+        self.global_step = global_step
+        self.checkpointer = checkpointer
+        self.evaluator = evaluator
+        self.record = MetricsRecord(os.path.join(model_dir, "metrics.jsonl"), enabled=cluster.is_chief)
+        self.summaries = Summaries(model_dir, enabled=cluster.is_chief)
+        self.tags = trainer_tags(trainer)
+        self.target_step = experiment.train_steps
+        self.step = int(global_step.numpy())
+        self.last_train: dict[str, float] = {}
+        self.last_eval: dict[str, float] = {}
+        self.last_eval_step: int | None = None
+        self._any_worker = _any_worker_fn(strategy) if synchronous_workers else None
+
+    def refresh_step(self) -> None:
+        self.step = int(self.global_step.numpy())
+
+    def agree(self, flag: bool) -> bool:
+        """True when `flag` is true on any synchronous worker, so all workers act together."""
+        if self._any_worker is None:
+            return flag
+        return bool(self._any_worker(tf.constant(flag)))
+
+    def log_info(self, fmt: str, *args) -> None:
+        """Progress goes to the chief's log; other synchronous workers keep it at verbosity 1."""
+        if self.cluster.is_chief:
+            logging.info(fmt, *args)
+        else:
+            logging.vlog(1, fmt, *args)
+
+    def take_train_metrics(self) -> dict[str, float]:
+        values = loops.metric_values(self.trainer.train_metrics)
+        for metric in self.trainer.train_metrics:
+            metric.reset_state()
+        return values
+
+    def learning_rate(self) -> float | None:
+        try:
+            return float(keras.ops.convert_to_numpy(self.trainer.optimizer.learning_rate))
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+    def evaluate(self) -> dict[str, float]:
+        if not self.evaluator.enabled:
+            return {}
+        values = {f"eval_{k}": v for k, v in self.evaluator.evaluate().items()}
+        self.log_info("eval at step %d: %s%s", self.step, " ".join(f"{k}={v:.4f}" for k, v in values.items()),
+                      hooks_lib.format_tags(self.tags))
+        self.record.write(kind="eval", step=self.step, **values, **self.tags)
+        self.summaries.scalars("eval", self.step, {k[len("eval_"):]: v for k, v in values.items()})
+        self.last_eval, self.last_eval_step = values, self.step
+        return values
+
+    def export_saved_model(self, path: str) -> None:
+        """Exports a copy of the model built outside any strategy, so it serves anywhere."""
+        local = build_model(self.trainer)
+        local.set_weights(self.trainer.model.get_weights())
+        local.export(path, format="tf_saved_model", verbose=False)
+        logging.info("exported a SavedModel with a serving signature to %s", path)
+
+    def next_loop_end(self, hooks: Sequence[hooks_lib.Hook]) -> int:
+        ends = [self.target_step] + [(self.step // h.every_n_steps + 1) * h.every_n_steps
+                                     for h in hooks if h.every_n_steps]
+        return min(ends)
+
+
+def _any_worker_fn(strategy: tf.distribute.Strategy):
+    @tf.function
+    def any_worker(flag):
+        votes = strategy.run(lambda: tf.cast(flag, tf.int32))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None) > 0
+    return any_worker
+
+
+class _TerminationSignal:
+    """Remembers a SIGTERM so the controller can save before the task exits."""
+
+    def __init__(self):
+        self.received = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        logging.warning("SIGTERM received: saving a checkpoint after the current loop, then exiting")
+        self.received = True
+
+
+def _write_run_config(run: RunContext) -> None:
+    """The chief records the gin config and command line: text files and a TensorBoard text summary."""
+    if not run.cluster.is_chief:
+        return
+    command = " ".join(sys.argv)
+    config = gin.config_str()
+    with open(os.path.join(run.model_dir, "config.gin"), "w") as f:
+        f.write(f"# command: {command}\n{config}")
+    run.summaries.text("train", "config", f"command: `{command}`\n\n```\n{config}\n```")
+
+
+def _write_operative_config(run: RunContext) -> None:
+    """After training, gin knows which bindings were really used: save those too."""
+    if run.cluster.is_chief:
+        with open(os.path.join(run.model_dir, "operative_config.gin"), "w") as f:
+            f.write(gin.operative_config_str())
 
 
 def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> dict[str, Any]:
-    """Trains until ``train.train_steps``; returns the final record (loss, eval metrics)."""
+    """Trains until ``train.train_steps`` (or a hook stops it); returns the last train and eval values."""
     config = experiment.strategy_config
     if experiment.seed is not None:
         keras.utils.set_random_seed(experiment.seed)
@@ -132,76 +257,44 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     trainer = experiment.trainer_cls()
     global_step, checkpoint = build_state(trainer, strategy)
     checkpointer = Checkpointer(model_dir=model_dir, cluster=cluster, checkpoint=checkpoint,
-                                global_step=global_step, every_n_steps=experiment.checkpoint_every_n_steps,
-                                keep=experiment.keep_checkpoints)
+                                global_step=global_step, keep=experiment.keep_checkpoints)
     checkpointer.restore()
     if coordinator is None:
         loop = loops.TrainLoop(strategy, trainer, global_step, experiment.steps_per_loop)
     else:
         loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, experiment.steps_per_loop)
-    evaluator = loops.EvalLoop(trainer, strategy, distributed=coordinator is None)
-    record = MetricsRecord(os.path.join(model_dir, "metrics.jsonl"), enabled=cluster.is_chief)
-    tags = trainer_tags(trainer)
-
-    step = int(global_step.numpy())
-    start_step, start_time = step, time.monotonic()
-    final: dict[str, Any] = {"step": step}
-    while step < experiment.train_steps:
-        boundaries = [experiment.train_steps, _next_multiple(step, experiment.log_every_n_steps)]
-        for every in (experiment.checkpoint_every_n_steps, experiment.eval_every_n_steps):
-            if every:
-                boundaries.append(_next_multiple(step, every))
-        steps = min(boundaries) - step
-        loop_start = time.monotonic()
-        loss = loop.train(steps)
-        elapsed = time.monotonic() - loop_start
-        step = int(global_step.numpy())
-        if not math.isfinite(loss):
-            raise NonFiniteLossError(
-                f"the training loss became {loss} between steps {step - steps} and {step}; "
-                f"no checkpoint was written for it. Lower the learning rate or check the data.")
-        train_values = {"loss": loss, **loops.metric_values(trainer.train_metrics)}
-        for metric in trainer.train_metrics:
-            metric.reset_state()
-        steps_per_s = steps / max(elapsed, 1e-9)
-        remaining = (experiment.train_steps - step) / steps_per_s
-        logging.info("step %d/%d %s steps/s=%.1f examples/s=%.0f ETA=%.0fs%s", step, experiment.train_steps,
-                     _format_metrics(train_values), steps_per_s, steps_per_s * trainer.global_batch_size,
-                     remaining, _format_tags(tags))
-        record.write(kind="train", step=step, steps_per_s=steps_per_s, **train_values, **tags)
-        final = {"step": step, **train_values}
-        if checkpointer.due(step):
-            checkpointer.save(step)
-        if experiment.eval_every_n_steps and step % experiment.eval_every_n_steps == 0 and step < experiment.train_steps:
-            _evaluate_and_report(evaluator, step, record, tags)
-    checkpointer.save(step)
-    final.update(_evaluate_and_report(evaluator, step, record, tags))
-    logging.info("training done at step %d in %.1fs (%d steps this run)", step,
-                 time.monotonic() - start_time, step - start_step)
-    return final
-
-
-def _next_multiple(step: int, every: int) -> int:
-    return (step // every + 1) * every
-
-
-def trainer_tags(trainer: Trainer) -> dict[str, str]:
-    tags = getattr(trainer, "record_tags", None)
-    return dict(tags() if callable(tags) else tags or {})
-
-
-def _format_tags(tags: dict[str, str]) -> str:
-    return "".join(f" [{k}: {v}]" for k, v in tags.items())
-
-
-def _evaluate_and_report(evaluator: loops.EvalLoop, step: int, record: MetricsRecord,
-                         tags: dict[str, str]) -> dict[str, float]:
-    if not evaluator.enabled:
-        return {}
-    values = {f"eval_{k}": v for k, v in evaluator.evaluate().items()}
-    logging.info("eval at step %d: %s%s", step, _format_metrics(values), _format_tags(tags))
-    record.write(kind="eval", step=step, **values, **tags)
-    return values
+    run = RunContext(experiment=experiment, cluster=cluster, model_dir=model_dir, strategy=strategy,
+                     trainer=trainer, global_step=global_step, checkpointer=checkpointer,
+                     evaluator=loops.EvalLoop(trainer, strategy, distributed=coordinator is None),
+                     synchronous_workers=coordinator is None and not cluster.is_local)
+    termination = _TerminationSignal()
+    hooks = experiment.hooks
+    if cluster.is_chief:
+        _mark_done(model_dir, None)
+    _write_run_config(run)
+    start_step, start_time = run.step, time.monotonic()
+    for hook in hooks:
+        hook.begin(run)
+    try:
+        while run.step < run.target_step:
+            result = loop.train(run.next_loop_end(hooks) - run.step)
+            run.refresh_step()
+            for hook in hooks:
+                hook.after_loop(run, result)
+            if run.agree(termination.received):
+                checkpointer.save(run.step)
+                raise Preempted(f"stopped by SIGTERM at step {run.step} after saving a checkpoint; "
+                                f"run the same command again to resume.")
+    except hooks_lib.StopTraining as stop:
+        logging.info("stopping early: %s", stop)
+    for hook in hooks:
+        hook.end(run)
+    _write_operative_config(run)
+    if cluster.is_chief:
+        _mark_done(model_dir, run.step)
+    logging.info("training done at step %d in %.1fs (%d steps this run)", run.step,
+                 time.monotonic() - start_time, run.step - start_step)
+    return {"step": run.step, **run.last_train, **run.last_eval}
 
 
 # -- serving (ps and workers under parameter_server) ---------------------------
@@ -239,21 +332,63 @@ def serve(cluster: ClusterConfig, *, chief_gone_grace_s: float, poll_s: float = 
 # -- the evaluator side-car -----------------------------------------------------
 
 def run_evaluator(experiment: Experiment, model_dir: str, *, timeout_s: float) -> dict[str, float]:
-    """Evaluates each new checkpoint in model_dir; returns after the one at ``train_steps``."""
+    """Evaluates each new checkpoint in model_dir until training is over.
+
+    Stops after the checkpoint at ``train_steps``, or after the last one when the
+    chief marks training done earlier (a hook stopped it).
+    """
     trainer = experiment.trainer_cls()
-    strategy = tf.distribute.get_strategy()
-    global_step, checkpoint = build_state(trainer, strategy, with_optimizer=False)
+    global_step, checkpoint = build_state(trainer, tf.distribute.get_strategy(), with_optimizer=False)
     evaluator = loops.EvalLoop(trainer, None, distributed=False)
     if not evaluator.enabled:
         raise ValueError(f"{type(trainer).__name__}.build_eval_dataset returned None; the evaluator has nothing to do.")
     record = MetricsRecord(os.path.join(model_dir, "eval", "metrics.jsonl"))
+    summaries = Summaries(model_dir, enabled=True)
     tags = trainer_tags(trainer)
     values: dict[str, float] = {}
-    for path in tf.train.checkpoints_iterator(model_dir, min_interval_secs=1, timeout=timeout_s):
+    last_activity = time.monotonic()
+
+    def finished() -> bool:
+        done = _read_done(model_dir)
+        if done is not None and done <= int(global_step.numpy()):
+            return True
+        if time.monotonic() - last_activity > timeout_s:
+            raise TimeoutError(f"no new checkpoint appeared in {model_dir} for {timeout_s:g}s before step "
+                               f"{experiment.train_steps}; is the chief running?")
+        return False
+
+    for path in tf.train.checkpoints_iterator(model_dir, min_interval_secs=1, timeout=2, timeout_fn=finished):
         checkpoint.restore(path).expect_partial()
         step = int(global_step.numpy())
-        values = _evaluate_and_report(evaluator, step, record, tags)
+        values = {f"eval_{k}": v for k, v in evaluator.evaluate().items()}
+        logging.info("eval at step %d: %s%s", step, " ".join(f"{k}={v:.4f}" for k, v in values.items()),
+                     hooks_lib.format_tags(tags))
+        record.write(kind="eval", step=step, checkpoint=path, **values, **tags)
+        summaries.scalars("eval", step, {k[len("eval_"):]: v for k, v in values.items()})
+        last_activity = time.monotonic()
         if step >= experiment.train_steps:
-            return values
-    raise TimeoutError(f"no new checkpoint appeared in {model_dir} for {timeout_s:g}s before step "
-                       f"{experiment.train_steps}; is the chief running?")
+            break
+    return values
+
+
+DONE_FILE = "training_done"
+
+
+def _mark_done(model_dir: str, step: int | None) -> None:
+    """The chief tells side-cars that no checkpoint after `step` will come (None: training restarts)."""
+    path = os.path.join(model_dir, DONE_FILE)
+    if step is None:
+        if os.path.exists(path):
+            os.remove(path)
+        return
+    with open(path + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(path + ".tmp", path)
+
+
+def _read_done(model_dir: str) -> int | None:
+    try:
+        with open(os.path.join(model_dir, DONE_FILE)) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None

@@ -43,6 +43,9 @@ class Trainer:
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.train_metrics: list[keras.metrics.Metric] = []
         self.eval_metrics: list[keras.metrics.Metric] = []
+        # Inside train_step: the global step being taken (a scalar int64 tensor). Under
+        # parameter_server, workers running at once may see the same value.
+        self.step: tf.Tensor | None = None
 
     # -- what a user describes ----------------------------------------------
     def build_model(self) -> keras.Model:
@@ -89,10 +92,12 @@ class Trainer:
         return loss
 
     def eval_step(self, batch: Any) -> None:
-        """Updates `self.eval_metrics` with one batch."""
+        """Updates `self.eval_metrics` with one batch: the first is the mean loss, then build_metrics()."""
         features, labels = batch
         predictions = self.model(features, training=False)
-        for metric in self.eval_metrics:
+        loss_metric, *metrics = self.eval_metrics
+        loss_metric.update_state(self.compute_loss(labels, predictions))
+        for metric in metrics:
             metric.update_state(labels, predictions)
 
     # -- helpers for subclasses ---------------------------------------------

@@ -1,0 +1,313 @@
+"""parameter_server steps/s for several `parameter_server.steps_per_loop` values, on one real local cluster.
+
+    python -m benchmarks.ps_steps_per_loop [--steps_per_loop=1,10,100] [--steps=1000] [--repeats=3]
+                                           [--steps_per_call=1000] [--out=bench_out] [--smoke]
+
+Starts a real cluster on 127.0.0.1: `--num_ps` ps and `--num_workers` worker
+tasks, each the library's own serving process (``python -m tfdist_trainer.cli``
+with TF_CONFIG, configs/mnist.gin + configs/strategies/parameter_server.gin),
+and makes *this* process the chief. The chief builds the MNIST recipe's model
+once (runner.build_state under ParameterServerStrategy) and one
+`loops.ScheduledTrainLoop` per steps_per_loop value K -- the object the gin
+binding ``parameter_server.steps_per_loop = K`` gives `tfdist-train` -- all
+sharing the same variables, coordinator and workers. So every K is measured
+in the same cluster and the same run, interleaved round by round (rotating
+the order), after an untimed warm-up per K (tracing, first closure on every
+worker).
+
+One timed repetition runs `--steps` steps as calls of ``loop.train(C)`` for
+each C in `--steps_per_call`. `tfdist-train` calls ``loop.train`` once per
+``train.log_every_n_steps`` (or checkpoint/eval interval), and each call ends
+with ``coordinator.join()``; so C is the reporting interval, and with K close
+to C only ceil(C / K) closures run per call, fewer than there are workers.
+
+Data: the recipe's offline digits (or a synthetic pool), cached in memory,
+repeated, batched by Trainer.global_batch_size (64), prefetched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from benchmarks import _common
+
+NAME = "ps_steps_per_loop"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ps_steps_per_loop", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps_per_loop", default="1,10,100", help="comma-separated K values; the first is the baseline")
+    p.add_argument("--steps", type=int, default=1000, help="timed steps per repetition, K and call size")
+    p.add_argument("--steps_per_call", default="1000",
+                   help="comma-separated steps per loop.train() call (tfdist-train: the log interval)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup_steps", type=int, default=200,
+                   help="untimed steps per K first (at least num_workers * K, so every worker runs a closure)")
+    p.add_argument("--num_workers", type=int, default=2)
+    p.add_argument("--num_ps", type=int, default=1)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)")
+    p.add_argument("--dense_units", type=int, default=128)
+    p.add_argument("--data", default="digits", choices=("digits", "synthetic"))
+    p.add_argument("--pool_size", type=int, default=4096, help="examples in the synthetic pool")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--startup_timeout_s", type=float, default=180.0)
+    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for ps_steps_per_loop.json and task logs")
+    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.repeats, args.warmup_steps, args.steps_per_call = 20, 1, 10, "20"
+        args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
+    args.steps_per_loop = _common.parse_int_list(args.steps_per_loop)
+    args.steps_per_call = _common.parse_int_list(args.steps_per_call)
+    args.filters = tuple(_common.parse_int_list(args.filters))
+    for name in ("steps", "repeats", "num_workers", "num_ps", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if not args.steps_per_loop or min(args.steps_per_loop) < 1:
+        p.error(f"--steps_per_loop needs positive integers, got {args.steps_per_loop}")
+    if not args.steps_per_call or min(args.steps_per_call) < 1 or any(args.steps % c for c in args.steps_per_call):
+        p.error(f"--steps_per_call values must divide --steps={args.steps}, got {args.steps_per_call}")
+    return args
+
+
+# -- the cluster ----------------------------------------------------------------------------------
+
+class ServerTasks:
+    """The ps and worker tasks: `python -m tfdist_trainer.cli` processes that serve until killed."""
+
+    def __init__(self, cluster: dict[str, list[str]], log_dir: str, model_dir: str):
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.model_dir = model_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        for task_type in ("ps", "worker"):
+            for index in range(len(self.cluster[task_type])):
+                env = dict(os.environ)
+                env["TF_CONFIG"] = json.dumps({"cluster": self.cluster, "task": {"type": task_type, "index": index}})
+                env["GRPC_FAIL_FAST"] = "use_caller"
+                env["PYTHONUNBUFFERED"] = "1"
+                env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [_common.REPO, env.get("PYTHONPATH")]))
+                cmd = [sys.executable, "-m", "tfdist_trainer.cli",
+                       f"--gin_file={_common.REPO}/configs/mnist.gin",
+                       f"--gin_file={_common.REPO}/configs/strategies/parameter_server.gin",
+                       f"--model_dir={self.model_dir}", "--chief_gone_grace_s=5"]
+                log = open(self._log_path(task_type, index), "w")
+                self.procs[f"{task_type}:{index}"] = subprocess.Popen(
+                    cmd, env=env, cwd=_common.REPO, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True)
+                log.close()
+
+    def _log_path(self, task_type: str, index: int) -> str:
+        return os.path.join(self.log_dir, f"{task_type}-{index}.log")
+
+    def log_tail(self, role: str, chars: int = 3000) -> str:
+        try:
+            with open(self._log_path(*role.split(":"))) as f:
+                return f.read()[-chars:]
+        except OSError:
+            return ""
+
+    def wait_listening(self, timeout_s: float) -> None:
+        from tfdist_trainer.cluster import TaskAddress, is_listening
+        pending = {f"{t}:{i}": TaskAddress(t, i, a) for t in ("ps", "worker") for i, a in enumerate(self.cluster[t])}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            for role in list(pending):
+                code = self.procs[role].poll()
+                if code is not None:
+                    raise RuntimeError(f"{role} exited with code {code} before it served; its log:\n"
+                                       f"{self.log_tail(role)}")
+                if is_listening(pending[role], timeout=0.2):
+                    del pending[role]
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"{', '.join(pending)} did not listen within {timeout_s:g}s; logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- the measurement --------------------------------------------------------------------------------
+
+def _measure(args, cluster: dict[str, list[str]]) -> dict:
+    """Runs in the chief: builds the state once, a ScheduledTrainLoop per K, and times them interleaved."""
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+    import keras
+
+    from tfdist_trainer import loops, runner
+    from tfdist_trainer.strategies import ParameterServer
+
+    keras.utils.set_random_seed(args.seed)
+    pool = _common.load_pool(args.data, args.pool_size, args.seed)
+    config = ParameterServer()
+    strategy = config.create(None)
+    coordinator = config.create_coordinator(strategy)
+    trainer = _common.bench_trainer_cls()(pool=pool, global_batch_size=args.batch_size,
+                                          filters=args.filters, dense_units=args.dense_units)
+    global_step, _ = runner.build_state(trainer, strategy)
+
+    configs = [(k, c) for c in args.steps_per_call for k in args.steps_per_loop]
+    loop_of = {}
+    info = {}
+    expected_step = 0
+    for k in args.steps_per_loop:
+        t0 = time.perf_counter()
+        loop_of[k] = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, k)
+        warmup = args.warmup_steps if args.smoke else max(args.warmup_steps, args.num_workers * k)
+        loss = _common.loss_value(loop_of[k].train(warmup))
+        expected_step += warmup
+        info[k] = {"build_and_warmup_s": time.perf_counter() - t0, "warmup_steps": warmup, "warmup_loss": loss}
+        print(f"[{NAME}] steps_per_loop={k}: built and warmed up ({warmup} steps) in "
+              f"{info[k]['build_and_warmup_s']:.1f}s (loss {loss:.4f})", flush=True)
+
+    times: dict[tuple[int, int], list[float]] = {kc: [] for kc in configs}
+    losses = {}
+    for rep in range(args.repeats):
+        order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+        for k, c in order:
+            t0 = time.perf_counter()
+            for _ in range(args.steps // c):
+                losses[(k, c)] = _common.loss_value(loop_of[k].train(c))
+            times[(k, c)].append(time.perf_counter() - t0)
+            expected_step += args.steps
+        print(f"[{NAME}] round {rep + 1}/{args.repeats}: " + " ".join(
+            f"K={k}/call={c}: {args.steps / times[(k, c)][-1]:.1f}" for k, c in configs) + " steps/s", flush=True)
+
+    final_step = int(global_step.numpy())
+    base_k = args.steps_per_loop[0]
+    results = []
+    for k, c in configs:
+        r = {"steps_per_loop": k, "steps_per_call": c, "closures_per_call": -(-c // k),
+             **_common.summarize(times[(k, c)], args.steps), "final_loss": losses[(k, c)], **info[k]}
+        base = times[(base_k, c)]
+        r["speedup_vs_baseline"] = _common.summarize(base, args.steps)["time_s_median"] / r["time_s_median"]
+        r["speedup_vs_baseline_paired"] = _common.ratio_spread(base, times[(k, c)])
+        results.append(r)
+    return {"results": results, "global_step": final_step, "expected_global_step": expected_step,
+            "global_step_exact": final_step == expected_step, "environment": _common.environment()}
+
+
+def recommend(results: list[dict], default_call: int, tolerance: float = 0.9) -> dict:
+    """The smallest K within `tolerance` of the best steps/s at the `default_call` reporting interval.
+
+    Smaller K means finer-grained scheduling: less work re-run when a worker
+    dies mid-closure, and more closures to spread over the workers per call.
+    """
+    rows = [r for r in results if r["steps_per_call"] == default_call] or results
+    best = max(r["steps_per_s"] for r in rows)
+    good = sorted((r for r in rows if r["steps_per_s"] >= tolerance * best), key=lambda r: r["steps_per_loop"])
+    pick = good[0]
+    return {"steps_per_loop": pick["steps_per_loop"], "steps_per_call": pick["steps_per_call"],
+            "rule": f"smallest steps_per_loop within {tolerance:.0%} of the best steps/s",
+            "steps_per_s": pick["steps_per_s"], "best_steps_per_s": best}
+
+
+def run(args: argparse.Namespace) -> dict:
+    _common.quiet_tensorflow()
+    import portpicker
+
+    out = os.path.abspath(args.out)
+    run_dir = os.path.join(out, f"{NAME}_cluster")
+    layout = {"chief": 1, "worker": args.num_workers, "ps": args.num_ps}
+    cluster = {t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items()}
+    servers = ServerTasks(cluster, os.path.join(run_dir, "logs"), os.path.join(run_dir, "model_dir"))
+    print(f"[{NAME}] cluster: chief (this process) + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
+          f"task logs in {servers.log_dir}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        servers.start()
+        servers.wait_listening(args.startup_timeout_s)
+        print(f"[{NAME}] servers up in {time.perf_counter() - t0:.1f}s", flush=True)
+        measured = _measure(args, cluster)
+    finally:
+        servers.stop()
+
+    default_call = max(args.steps_per_call)
+    payload = {
+        "benchmark": NAME,
+        "smoke": args.smoke,
+        "command": " ".join(["python -m benchmarks.ps_steps_per_loop", *sys.argv[1:]]),
+        "config": {"steps_per_loop": args.steps_per_loop, "steps_per_call": args.steps_per_call,
+                   "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
+                   "num_workers": args.num_workers, "num_ps": args.num_ps, "batch_size": args.batch_size,
+                   "filters": list(args.filters), "dense_units": args.dense_units, "data": args.data,
+                   "strategy": "parameter_server", "seed": args.seed},
+        "environment": measured["environment"],
+        "baseline": f"steps_per_loop={args.steps_per_loop[0]}",
+        "results": measured["results"],
+        "global_step": measured["global_step"],
+        "expected_global_step": measured["expected_global_step"],
+        "global_step_exact": measured["global_step_exact"],
+        "recommendation": recommend(measured["results"], default_call),
+    }
+    path = _common.write_json(out, NAME, payload)
+    print()
+    print(format_report(payload))
+    print(f"\n[{NAME}] wrote {path}", flush=True)
+    return payload
+
+
+def format_report(payload: dict) -> str:
+    cfg = payload["config"]
+    rows = []
+    for r in payload["results"]:
+        p = r["speedup_vs_baseline_paired"]
+        rows.append([f"steps_per_loop={r['steps_per_loop']}", r["steps_per_call"], r["closures_per_call"],
+                     f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                     f"{r['time_s_median']:.2f}", f"{r['speedup_vs_baseline']:.2f}x",
+                     f"{p['min']:.2f}..{p['max']:.2f}"])
+    rec = payload["recommendation"]
+    lines = [f"parameter_server, {cfg['num_workers']} workers + {cfg['num_ps']} ps + chief on 127.0.0.1, "
+             f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), batch {cfg['batch_size']}; "
+             f"baseline: {payload['baseline']} (speedup = its time / this time, same call size)",
+             _common.format_table(["variant", "steps/call", "closures/call", "steps/s", "steps/s min..max",
+                                   "time s", "speedup", "paired"], rows),
+             f"global step {payload['global_step']} (expected {payload['expected_global_step']}: "
+             f"{'exact' if payload['global_step_exact'] else 'MISMATCH'})",
+             f"recommended default: parameter_server.steps_per_loop = {rec['steps_per_loop']} "
+             f"({rec['rule']}, at {rec['steps_per_call']} steps per train call)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The coordinator's threads can keep a finished chief alive; the results are written by now.
+    os._exit(code)
