@@ -41,12 +41,12 @@ TARGET_TRAINER_OVER_HANDWRITTEN = 1.05   # time ratio, at most
 TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.7      # fit_default time / trainer time, at least
 
 DESCRIPTIONS = {
-    "trainer": "tfdist_trainer TrainLoop, steps_per_loop=100",
-    "handwritten": "tf.function loop, 100 steps/call",
+    "trainer": "tfdist_trainer TrainLoop, steps_per_loop={spl}",
+    "handwritten": "tf.function loop, {spl} steps/call",
     "fit_default": "Keras model.fit, defaults",
-    "fit_spe100": "Keras model.fit, steps_per_execution=100",
+    "fit_spe100": "Keras model.fit, steps_per_execution={spl}",
     "fit_default_nojit": "Keras model.fit, jit_compile=False",
-    "fit_spe100_nojit": "model.fit, spe=100, jit_compile=False",
+    "fit_spe100_nojit": "model.fit, steps_per_execution={spl}, jit_compile=False",
 }
 
 
@@ -192,8 +192,8 @@ def run(args: argparse.Namespace) -> dict:
         runners[name] = build_variant(name, args, pool)
         loss = runners[name](args.warmup_steps)
         model = getattr(runners[name], "model", None)
-        info[name] = {"description": DESCRIPTIONS[name], "build_and_warmup_s": time.perf_counter() - t0,
-                      "warmup_loss": loss}
+        info[name] = {"description": DESCRIPTIONS[name].format(spl=args.steps_per_loop),
+                      "build_and_warmup_s": time.perf_counter() - t0, "warmup_loss": loss}
         if model is not None:
             info[name]["jit_compile"] = bool(model.jit_compile)
             info[name]["steps_per_execution"] = int(model.steps_per_execution)
@@ -267,7 +267,7 @@ def format_report(payload: dict) -> str:
     lines = [f"one_device, {cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), "
              f"batch {cfg['batch_size']}, data {cfg['data']}; baseline: {base} (ratio = time / {base} time)",
              _common.format_table(["variant", "steps/s", "steps/s min..max", "time s", f"ratio vs {base}",
-                                   "what"], rows)]
+                                   "what"], rows, left=(0, 5))]
     s = payload["summary"]
     if "trainer_over_handwritten_time" in s:
         p = s["trainer_over_handwritten_time_paired"]

@@ -28,12 +28,14 @@ flags.DEFINE_list("worker_hosts", [], "Classic cluster flags: comma-separated ho
 flags.DEFINE_string("chief_host", None, "Classic cluster flags: host:port of the chief.")
 flags.DEFINE_string("evaluator_host", None, "Classic cluster flags: host:port of the evaluator.")
 flags.DEFINE_float("startup_timeout_s", 120.0, "How long to wait for peer tasks before naming those missing.")
-flags.DEFINE_float("chief_gone_grace_s", 10.0, "A serving task exits 0 once the chief has been gone this long.")
+flags.DEFINE_float("chief_gone_grace_s", 60.0,
+                   "A serving task also exits 0 once the chief has been unreachable this long (0: never).")
 flags.DEFINE_float("evaluator_timeout_s", 3600.0, "The evaluator gives up after this long without a new checkpoint.")
 
 EXIT_CONFIG = 2   # the user's configuration or cluster is wrong
 EXIT_FAILED = 1   # training itself failed
 EXIT_PREEMPTED = 143  # SIGTERM, after a checkpoint: retryable under an ExitCode restart policy
+EXIT_PEER_LOST = 200  # a ps or peer worker died: retryable (128-255) under an ExitCode restart policy
 
 
 def _fail(role: str, message: str, code: int) -> None:
@@ -96,7 +98,7 @@ def main(argv: list[str]) -> None:
     from tfdist_trainer import runner
     try:
         if action.value == "serve":
-            runner.serve(cluster, chief_gone_grace_s=FLAGS.chief_gone_grace_s)
+            runner.serve(cluster, FLAGS.model_dir, chief_gone_grace_s=FLAGS.chief_gone_grace_s)
         elif action.value == "evaluate":
             runner.run_evaluator(experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s)
         else:
@@ -105,6 +107,10 @@ def main(argv: list[str]) -> None:
         _fail(role, str(e), EXIT_FAILED)
     except runner.Preempted as e:
         _fail(role, str(e), EXIT_PREEMPTED)
+    except runner.PEER_LOST_ERRORS as e:
+        first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]
+        _fail(role, f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "
+                    f"restart it and this task to resume from the last checkpoint.", EXIT_PEER_LOST)
     except (ValueError, TimeoutError) as e:
         _fail(role, str(e).strip().splitlines()[0], EXIT_FAILED)
 

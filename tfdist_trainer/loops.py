@@ -65,7 +65,8 @@ class TrainLoop:
         self.steps_per_loop = steps_per_loop
         self._loop = _train_loop_fn(strategy, trainer, global_step)
         dataset = strategy.distribute_datasets_from_function(
-            lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx)))
+            tf.autograph.experimental.do_not_convert(
+                lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
         self._iterator = iter(dataset)
 
     def train(self, steps: int) -> LoopResult:
@@ -88,10 +89,12 @@ class ScheduledTrainLoop:
         self.steps_per_loop = steps_per_loop
         self._loop = _train_loop_fn(strategy, trainer, global_step)
 
+        @tf.autograph.experimental.do_not_convert
         def per_worker_dataset_fn():
             # Each worker is one input pipeline; asynchronous workers need no sharding.
             return strategy.distribute_datasets_from_function(
-                lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx)))
+                tf.autograph.experimental.do_not_convert(
+                    lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
 
         per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
         self._iterator = iter(per_worker)

@@ -31,6 +31,12 @@ from tfdist_trainer.strategies import OneDevice, StrategyConfig, as_strategy_con
 from tfdist_trainer.trainer import Trainer
 
 
+#: Errors that mean another task of the cluster is gone (a ps under parameter_server,
+#: a peer under multi_worker_mirrored); restarting the job from its checkpoint fixes them.
+PEER_LOST_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                    tf.errors.DeadlineExceededError)
+
+
 class Preempted(Exception):
     """SIGTERM arrived; a checkpoint was saved and the task should exit so it can be restarted."""
 
@@ -299,12 +305,15 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
 
 # -- serving (ps and workers under parameter_server) ---------------------------
 
-def serve(cluster: ClusterConfig, *, chief_gone_grace_s: float, poll_s: float = 1.0) -> None:
-    """Runs this task's TF server until the chief has come and gone, then returns (exit 0).
+def serve(cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, poll_s: float = 1.0) -> None:
+    """Runs this task's TF server until the job is over, then returns (exit 0).
 
-    A server has no natural end; without this, ps and worker processes started
-    by hand would outlive the job forever.
+    The job is over when the chief marks training done in model_dir, or when
+    the chief has been unreachable for `chief_gone_grace_s` (0: never; a
+    restarted chief comes back well within the default). Without this, ps and
+    worker processes started by hand would outlive the job forever.
     """
+    started = time.time()
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster.training_cluster()), job_name=cluster.task_type,
         task_index=cluster.task_id, protocol=cluster.rpc_layer, start=True)
@@ -318,12 +327,15 @@ def serve(cluster: ClusterConfig, *, chief_gone_grace_s: float, poll_s: float = 
             if not seen:
                 logging.info("chief %s is up", chief.address)
             seen, gone_since = True, None
-        elif seen:
+        if seen and _done_since(model_dir, started):
+            logging.info("the chief marked training done: exiting")
+            return
+        if not up and seen:
             gone_since = gone_since or now
-            if now - gone_since >= chief_gone_grace_s:
+            if chief_gone_grace_s > 0 and now - gone_since >= chief_gone_grace_s:
                 logging.info("chief has been gone for %.0fs: the job is over, exiting", now - gone_since)
                 return
-        elif now - last_note > 30:
+        elif not up and now - last_note > 30:
             logging.info("waiting for the chief at %s", chief.address)
             last_note = now
         time.sleep(poll_s)
@@ -384,6 +396,14 @@ def _mark_done(model_dir: str, step: int | None) -> None:
     with open(path + ".tmp", "w") as f:
         f.write(str(step))
     os.replace(path + ".tmp", path)
+
+
+def _done_since(model_dir: str, since: float) -> bool:
+    """Whether the chief marked training done after `since` (a marker from an older run does not count)."""
+    try:
+        return os.path.getmtime(os.path.join(model_dir, DONE_FILE)) >= since
+    except OSError:
+        return False
 
 
 def _read_done(model_dir: str) -> int | None:

@@ -57,6 +57,10 @@ class StrategyConfig(abc.ABC):
         """The task types and counts `tfdist-launch` starts for this strategy."""
         return {CHIEF: 1}
 
+    def restart_group(self, failed_role: str, roles: list[str]) -> list[str]:
+        """The tasks to restart together when `failed_role` dies (a launcher's restart policy)."""
+        return [failed_role]
+
     def prepare_devices(self) -> None:
         """Device set-up that must happen before the TF runtime starts (logical CPUs...)."""
 
@@ -145,6 +149,13 @@ class MultiWorkerMirrored(StrategyConfig):
     def launch_layout(self, *, num_workers, num_ps):
         return {WORKER: num_workers}
 
+    def restart_group(self, failed_role, roles):
+        # Survivors of a broken all-reduce cannot go on: every synchronous worker restarts
+        # and resumes from the last checkpoint.
+        if failed_role.startswith(EVALUATOR):
+            return [failed_role]
+        return [r for r in roles if r.split(":")[0] in (CHIEF, WORKER)]
+
     def create(self, cluster):
         import tensorflow as tf
         implementation = {
@@ -194,6 +205,13 @@ class ParameterServer(StrategyConfig):
 
     def launch_layout(self, *, num_workers, num_ps):
         return {CHIEF: 1, WORKER: num_workers, PS: num_ps}
+
+    def restart_group(self, failed_role, roles):
+        # A worker rejoins by itself (the coordinator re-runs its closures elsewhere meanwhile).
+        # A coordinator cannot survive a lost ps: chief and ps restart from the last checkpoint.
+        if failed_role.split(":")[0] in (CHIEF, PS):
+            return [r for r in roles if r.split(":")[0] in (CHIEF, PS)]
+        return [failed_role]
 
     def create(self, cluster):
         import tensorflow as tf
