@@ -8,6 +8,7 @@ checkpoints and evaluation until the global step reaches ``train_steps``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -127,6 +128,14 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
             trainer.optimizer.build(trainer.model.trainable_variables)
             items["optimizer"] = trainer.optimizer
     return global_step, tf.train.Checkpoint(**items)
+
+
+def weights_fingerprint(model: keras.Model) -> str:
+    """A short hash of this task's copy of the weights: synchronous workers must agree on it."""
+    digest = hashlib.sha256()
+    for weight in model.get_weights():
+        digest.update(weight.tobytes())
+    return digest.hexdigest()[:16]
 
 
 def trainer_tags(trainer: Trainer) -> dict[str, str]:
@@ -298,8 +307,8 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     _write_operative_config(run)
     if cluster.is_chief:
         _mark_done(model_dir, run.step)
-    logging.info("training done at step %d in %.1fs (%d steps this run)", run.step,
-                 time.monotonic() - start_time, run.step - start_step)
+    logging.info("training done at step %d in %.1fs (%d steps this run); weights fingerprint %s", run.step,
+                 time.monotonic() - start_time, run.step - start_step, weights_fingerprint(trainer.model))
     return {"step": run.step, **run.last_train, **run.last_eval}
 
 
