@@ -225,6 +225,9 @@ def run(args: argparse.Namespace) -> dict:
         ratio = results["trainer"]["time_ratio_vs_baseline"]
         summary["trainer_over_handwritten_time"] = ratio
         summary["trainer_over_handwritten_time_paired"] = results["trainer"]["time_ratio_vs_baseline_paired"]
+        # Best-of ratio: the least disturbed repetition of each; robust when other jobs share the machine.
+        summary["trainer_over_handwritten_time_best"] = (results["trainer"]["time_s_min"]
+                                                         / results[BASELINE]["time_s_min"])
         summary["trainer_over_handwritten_target_max"] = TARGET_TRAINER_OVER_HANDWRITTEN
         summary["trainer_over_handwritten_meets_target"] = ratio <= TARGET_TRAINER_OVER_HANDWRITTEN
         for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
@@ -232,6 +235,8 @@ def run(args: argparse.Namespace) -> dict:
                 summary[f"trainer_speedup_vs_{fit}"] = (results[fit]["time_s_median"]
                                                         / results["trainer"]["time_s_median"])
                 summary[f"trainer_speedup_vs_{fit}_paired"] = _common.ratio_spread(times[fit], times["trainer"])
+                summary[f"trainer_speedup_vs_{fit}_best"] = (results[fit]["time_s_min"]
+                                                             / results["trainer"]["time_s_min"])
         if "fit_default" in results:
             summary["trainer_speedup_vs_fit_default_target_min"] = TARGET_SPEEDUP_VS_FIT_DEFAULT
             summary["trainer_speedup_vs_fit_default_meets_target"] = (
@@ -272,14 +277,16 @@ def format_report(payload: dict) -> str:
     if "trainer_over_handwritten_time" in s:
         p = s["trainer_over_handwritten_time_paired"]
         lines.append(f"trainer / handwritten time: {s['trainer_over_handwritten_time']:.3f} "
-                     f"(paired per round {p['min']:.3f}..{p['max']:.3f}); target <= "
+                     f"(paired per round {p['min']:.3f}..{p['max']:.3f}, best-of {s['trainer_over_handwritten_time_best']:.3f}); "
+                     f"target <= "
                      f"{s['trainer_over_handwritten_target_max']}: "
                      f"{'met' if s['trainer_over_handwritten_meets_target'] else 'NOT met'}")
     for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
         key = f"trainer_speedup_vs_{fit}"
         if key in s:
             p = s[f"{key}_paired"]
-            line = f"trainer speedup vs {fit}: {s[key]:.2f}x (paired per round {p['min']:.2f}..{p['max']:.2f})"
+            line = (f"trainer speedup vs {fit}: {s[key]:.2f}x (paired per round {p['min']:.2f}..{p['max']:.2f}, "
+                    f"best-of {s[key + '_best']:.2f}x)")
             if fit == "fit_default":
                 line += (f"; target >= {s['trainer_speedup_vs_fit_default_target_min']}x: "
                          f"{'met' if s['trainer_speedup_vs_fit_default_meets_target'] else 'NOT met'}")

@@ -58,8 +58,13 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: fl
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        # A launcher tears its cluster down on SIGTERM (its tasks live in their own sessions).
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
         raise AssertionError(f"{' '.join(cmd)} did not finish within {timeout}s; output:\n{out[-5000:]}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 

@@ -115,7 +115,7 @@ class ScheduledTrainLoop:
 
 
 def _eval_loop_fn(trainer: Trainer) -> Callable:
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def eval_batch(batch):
         trainer.eval_step(batch)
     return eval_batch
@@ -144,19 +144,19 @@ class EvalLoop:
             options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
             self._dataset = strategy.experimental_distribute_dataset(dataset.with_options(options))
 
-            @tf.function
-            def eval_pass(dist_dataset):
-                for batch in dist_dataset:
-                    strategy.run(trainer.eval_step, args=(batch,))
-            self._pass = eval_pass
+            @tf.function(reduce_retracing=True)
+            def eval_batch(batch):
+                strategy.run(trainer.eval_step, args=(batch,))
         else:
             self._dataset = dataset
-            step = _eval_loop_fn(trainer)
+            eval_batch = _eval_loop_fn(trainer)
 
-            def eval_pass(local_dataset):
-                for batch in local_dataset:
-                    step(batch)
-            self._pass = eval_pass
+        def eval_pass(batches):
+            # A plain Python loop over a compiled step: it ends with the data whatever AutoGraph
+            # makes of the step, and tf.distribute evens out partial final batches across workers.
+            for batch in batches:
+                eval_batch(batch)
+        self._pass = eval_pass
 
     def evaluate(self) -> dict[str, float]:
         if not self.enabled:

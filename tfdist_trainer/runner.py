@@ -264,8 +264,14 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     config = experiment.strategy_config
     if experiment.seed is not None:
         keras.utils.set_random_seed(experiment.seed)
-    config.prepare_devices()
-    strategy = config.create(cluster)
+    try:
+        config.prepare_devices()
+        strategy = config.create(cluster)
+    except RuntimeError as e:  # "cannot be modified after being initialized", "must be configured at startup"
+        raise ValueError(
+            f"TensorFlow was already running when the {config.name} strategy was set up ({str(e).strip()}); "
+            f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
+            f"into the Trainer's methods.") from None
     coordinator = config.create_coordinator(strategy)
     logging.info("strategy %s with %d replica(s) in sync", config.name, strategy.num_replicas_in_sync)
 
