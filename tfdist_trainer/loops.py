@@ -10,9 +10,11 @@ steps per round trip (DESIGN: ~3x more steps/s at 10 than at 1).
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable
 
 import tensorflow as tf
+from absl import logging
 
 from tfdist_trainer import data as data_lib
 from tfdist_trainer.trainer import Trainer
@@ -29,7 +31,10 @@ class LoopResult:
 
 
 def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer,
-                   global_step: tf.Variable) -> Callable:
+                   global_step: tf.Variable, jit_compile: bool = False) -> Callable:
+    # With XLA, each replica's step is compiled (as Keras does for fit); the loop around it is not.
+    step_fn = tf.function(trainer.train_step, jit_compile=True) if jit_compile else trainer.train_step
+
     @tf.function
     def train_loop(iterator, steps):
         base = global_step.read_value()
@@ -38,7 +43,7 @@ def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer,
         for i in tf.range(steps):
             # The step being taken, for user steps that need it (schedules, fault injection).
             trainer.step = base + i + 1
-            replica_loss = strategy.run(trainer.train_step, args=(next(iterator),))
+            replica_loss = strategy.run(step_fn, args=(next(iterator),))
             loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, replica_loss, axis=None), tf.float32)
             total += loss
             first_bad = tf.where((first_bad < 0) & ~tf.math.is_finite(loss), base + i + 1, first_bad)
@@ -47,6 +52,63 @@ def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer,
         global_step.assign_add(tf.cast(steps, tf.int64))
         return total / tf.cast(steps, tf.float32), first_bad
     return train_loop
+
+
+class StepsPerLoopTuner:
+    """`steps_per_loop='auto'`: doubles the steps per call while throughput still improves.
+
+    Like tf-keras's StepsPerExecutionTuner, but for every strategy: each
+    candidate is timed over `calls_per_trial` full-size calls (the first call,
+    which traces, is not timed), and the search stops at the first doubling
+    that gains less than `min_gain`. Synchronous workers must issue identical
+    calls, so with `agree` (max over workers) every decision is taken jointly.
+    """
+
+    def __init__(self, initial: int = 8, maximum: int = 1024, min_gain: float = 0.05,
+                 calls_per_trial: int = 2, agree: Callable[[int], int] | None = None):
+        self.value = initial
+        self.maximum = maximum
+        self.min_gain = min_gain
+        self.calls_per_trial = calls_per_trial
+        self.agree = agree or (lambda v: v)
+        self.frozen = False
+        self._warm = False
+        self._best: tuple[float, int] | None = None
+        self._trial_steps, self._trial_seconds, self._trial_calls = 0, 0.0, 0
+
+    def observe(self, steps: int, seconds: float) -> None:
+        if self.frozen or steps < self.value:
+            return  # a short call at a boundary says nothing about this size
+        if not self._warm:
+            self._warm = True
+            return
+        self._trial_steps += steps
+        self._trial_seconds += seconds
+        self._trial_calls += 1
+        if self._trial_calls < self.calls_per_trial:
+            return
+        rate = self._trial_steps / max(self._trial_seconds, 1e-9)
+        self._trial_steps, self._trial_seconds, self._trial_calls = 0, 0.0, 0
+        improved = self._best is None or rate > self._best[0] * (1 + self.min_gain)
+        if improved:
+            self._best = (rate, self.value)
+        keep_going = bool(self.agree(int(improved and self.value * 2 <= self.maximum)))
+        if keep_going:
+            self.value *= 2
+        else:
+            self.value = self.agree(self._best[1])
+            self.frozen = True
+            logging.info("steps_per_loop='auto' settled on %d (%.1f steps/s)", self.value, self._best[0])
+
+
+class FixedStepsPerLoop:
+    """A fixed number of steps per call."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def observe(self, steps: int, seconds: float) -> None:
+        pass
 
 
 def _combine(parts: list[tuple[int, float, int]]) -> LoopResult:
@@ -60,22 +122,28 @@ class TrainLoop:
     """Runs training steps under a synchronous strategy (one_device, mirrored, multi_worker_mirrored)."""
 
     def __init__(self, strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
-                 steps_per_loop: int):
+                 steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False):
         self.strategy = strategy
-        self.steps_per_loop = steps_per_loop
-        self._loop = _train_loop_fn(strategy, trainer, global_step)
+        self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
+        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile)
         dataset = strategy.distribute_datasets_from_function(
             tf.autograph.experimental.do_not_convert(
                 lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
         self._iterator = iter(dataset)
 
+    @property
+    def steps_per_loop(self) -> int:
+        return self.size.value
+
     def train(self, steps: int) -> LoopResult:
         """Runs `steps` steps in calls of at most steps_per_loop."""
         parts, done = [], 0
         while done < steps:
-            n = min(self.steps_per_loop, steps - done)
+            n = min(self.size.value, steps - done)
+            start = time.perf_counter()
             loss, first_bad = self._loop(self._iterator, tf.constant(n, tf.int64))
-            parts.append((n, float(loss), int(first_bad)))
+            parts.append((n, float(loss), int(first_bad)))  # float() waits for the call to finish
+            self.size.observe(n, time.perf_counter() - start)
             done += n
         return _combine(parts)
 
@@ -84,10 +152,10 @@ class ScheduledTrainLoop:
     """Runs training steps under parameter_server: whole loops scheduled onto workers by the chief."""
 
     def __init__(self, strategy: tf.distribute.Strategy, coordinator: Any, trainer: Trainer,
-                 global_step: tf.Variable, steps_per_loop: int):
+                 global_step: tf.Variable, steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False):
         self.coordinator = coordinator
-        self.steps_per_loop = steps_per_loop
-        self._loop = _train_loop_fn(strategy, trainer, global_step)
+        self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
+        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile)
 
         @tf.autograph.experimental.do_not_convert
         def per_worker_dataset_fn():
@@ -99,11 +167,17 @@ class ScheduledTrainLoop:
         per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
         self._iterator = iter(per_worker)
 
+    @property
+    def steps_per_loop(self) -> int:
+        return self.size.value
+
     def train(self, steps: int) -> LoopResult:
         """Schedules ceil(steps / steps_per_loop) loops onto free workers and waits for all."""
         scheduled = []
-        full, rest = divmod(steps, self.steps_per_loop)
-        for n in [self.steps_per_loop] * full + ([rest] if rest else []):
+        size = self.size.value
+        start = time.perf_counter()
+        full, rest = divmod(steps, size)
+        for n in [size] * full + ([rest] if rest else []):
             scheduled.append((n, self.coordinator.schedule(
                 self._loop, args=(self._iterator, tf.constant(n, tf.int64)))))
         self.coordinator.join()
@@ -111,6 +185,8 @@ class ScheduledTrainLoop:
         for n, remote in scheduled:
             loss, first_bad = remote.fetch()
             parts.append((n, float(loss), int(first_bad)))
+        if full:  # time per full-size closure, as the tuner compares sizes
+            self.size.observe(size, (time.perf_counter() - start) * size / steps)
         return _combine(parts)
 
 

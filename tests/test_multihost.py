@@ -1,0 +1,228 @@
+"""Many machines: one `tfdist-train` per network namespace, on a private virtual LAN.
+
+Each task runs in its own network namespace ("host") with its own address on
+10.231.0.0/24; the namespaces are joined by veth pairs to a bridge in a
+"switch" namespace (tfdist_trainer.netns.VirtualLan). Every task listens on
+the same port, 2222, as on real machines, and the tasks find each other only
+by those addresses. The model_dir is shared through the filesystem, as an NFS
+mount or a bucket would be. Nothing of the LAN is visible from the host's
+own namespace.
+
+The partition test takes a worker's link down in the middle of a
+parameter_server run. What happens then, and what the test checks:
+
+* The coordinator's RPCs to the cut-off worker fail or time out; it marks the
+  worker as failed and re-runs that worker's closures on the other worker, as
+  when a worker process is killed. Training goes on.
+* The link comes back after PARTITION_S seconds (a flapping switch port, a
+  rebooted top-of-rack switch). The worker process never died: the
+  coordinator reconnects to it, and it serves again. Leaving the link down
+  for good is also survivable (the coordinator keeps going on the other
+  worker; the cut-off worker exits 0 once the chief writes `training_done`
+  to the shared model_dir, or after --chief_gone_grace_s), but a partition
+  that never heals is a dead machine; the killed-worker tests cover that.
+* The run ends exactly at train_steps, with one chief (no restore).
+
+Needs root and iproute2 (`ip netns`); each test skips with the reason when
+either is missing or namespaces are not permitted (e.g. in a container
+without CAP_SYS_ADMIN).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import tensorflow as tf
+
+import clusterlib
+from clusterlib import FAST_MNIST, REPO, HandCluster, read_records, strategy_gin
+from tfdist_trainer import netns
+
+PORT = 2222
+STEPS = 150
+PSS_STEPS_PER_LOOP = 10
+TIMEOUT_S = 300
+MIN_EVAL_ACCURACY = 0.6   # 150 steps on the digits set reach ~0.9; chance is 0.1
+
+PARTITION_STEPS = 400     # long enough that the partition lands mid-run on a busy 2-core machine
+PARTITION_AT_STEP = 60
+PARTITION_S = 8
+
+
+def _skip_reason() -> str | None:
+    return netns.netns_unavailable_reason()
+
+
+@pytest.fixture
+def make_lan():
+    """Creates VirtualLans; a finalizer kills what runs inside and deletes every namespace."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(f"multi-host tests need network namespaces: {reason}")
+    netns.sweep_stale()
+    made: list[netns.VirtualLan] = []
+
+    def make(hosts: list[str]) -> netns.VirtualLan:
+        lan = netns.VirtualLan(hosts, tag="mh")
+        made.append(lan)
+        return lan.create()
+
+    yield make
+    for lan in made:
+        lan.close()
+    left = [n for lan in made for n in [lan.switch.name, *(ns.name for ns in lan.namespaces.values())]
+            if n in netns.list_namespaces()]
+    assert left == [], f"namespaces left behind: {left}"
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes(tmp_path):
+    yield
+    for entry in clusterlib.no_process_left(f"{tmp_path}{os.sep}"):
+        try:
+            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class LanCluster(HandCluster):
+    """One `ip netns exec <host> python -m tfdist_trainer.cli ...` per task, each on its own host."""
+
+    def __init__(self, lan: netns.VirtualLan, layout: dict[str, int], train_args, log_dir, **kwargs):
+        self.lan = lan
+        self.host_of = {f"{t}:{i}": f"{t}{i}" for t, n in layout.items() for i in range(n)}
+        cluster = {t: [f"{lan.address(f'{t}{i}')}:{PORT}" for i in range(n)] for t, n in layout.items()}
+        super().__init__(cluster, train_args, log_dir, **kwargs)
+
+    def start(self, task_type: str, index: int) -> subprocess.Popen:
+        role = f"{task_type}:{index}"
+        args, env = self._args_for(task_type, index)
+        log = open(os.path.join(self.log_dir, f"{task_type}-{index}.log"), "w")
+        cmd = [*self.lan.exec_prefix(self.host_of[role]), *clusterlib.train_cmd(*args)]
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        self.procs[role] = proc
+        return proc
+
+
+def mnist_args(strategy: str, model_dir: str, steps: int, *extra: str) -> list[str]:
+    args = [*FAST_MNIST, strategy_gin(strategy), f"--gin_bindings=train.train_steps={steps}",
+            f"--model_dir={model_dir}", *extra]
+    if strategy == "parameter_server":
+        args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
+    return args
+
+
+def hosts_of(layout: dict[str, int]) -> list[str]:
+    return [f"{t}{i}" for t, n in layout.items() for i in range(n)]
+
+
+def logs_of(hand: HandCluster) -> str:
+    return "\n".join(f"--- {role}\n{hand.log(role)[-3000:]}" for role in hand.procs)
+
+
+def assert_finished(model_dir: str, steps: int, context: str) -> list[dict]:
+    records = read_records(model_dir)
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert train, f"no train records in {model_dir}\n{context[-6000:]}"
+    train_steps = [r["step"] for r in train]
+    assert train_steps == sorted(set(train_steps)), f"one writer, steps strictly increasing: {train_steps}"
+    assert train_steps[-1] == steps, f"last train record at {train_steps[-1]}, want {steps}\n{context[-4000:]}"
+    assert train[0]["loss"] > train[-1]["loss"], [r["loss"] for r in train]
+    assert evals and evals[-1]["step"] == steps, evals
+    assert evals[-1]["eval_accuracy"] > MIN_EVAL_ACCURACY, evals[-1]
+    latest = tf.train.latest_checkpoint(model_dir)
+    assert latest is not None and latest.endswith(f"ckpt-{steps}"), latest
+    assert clusterlib.no_process_left(model_dir) == []
+    return train
+
+
+def run_lan_cluster(make_lan, tmp_path, strategy: str, layout: dict[str, int], *, use_flags: bool) -> str:
+    lan = make_lan(hosts_of(layout))
+    model_dir = str(tmp_path / "model")
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    per_task = {t: ["--chief_gone_grace_s=5"] for t in ("ps", "worker")} if strategy == "parameter_server" else {}
+    hand = LanCluster(lan, layout, mnist_args(strategy, model_dir, STEPS), str(log_dir),
+                      per_task_args=per_task, use_flags=use_flags)
+    try:
+        hand.start_all()
+        codes = hand.wait_all(timeout=TIMEOUT_S)
+    finally:
+        hand.kill_all()
+    logs = logs_of(hand)
+    assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
+    assert_finished(model_dir, STEPS, logs)
+    # The tasks really talked over the LAN: the cluster they report names the namespace addresses.
+    every_log = "\n".join(hand.log(role) for role in hand.procs)
+    assert "127.0.0.1" not in every_log, "a task used loopback instead of the LAN"
+    return every_log
+
+
+@pytest.mark.cluster
+def test_parameter_server_across_four_hosts(make_lan, tmp_path):
+    """chief, 2 workers and 1 ps, each in its own namespace, started with the classic flags."""
+    logs = run_lan_cluster(make_lan, tmp_path, "parameter_server", {"chief": 1, "worker": 2, "ps": 1},
+                           use_flags=True)
+    assert "strategy parameter_server with 1 replica(s) in sync" in logs
+
+
+@pytest.mark.cluster
+def test_multi_worker_mirrored_across_two_hosts(make_lan, tmp_path):
+    """2 synchronous workers in two namespaces, each with its own TF_CONFIG."""
+    logs = run_lan_cluster(make_lan, tmp_path, "multi_worker_mirrored", {"worker": 2}, use_flags=False)
+    assert "strategy multi_worker_mirrored with 2 replica(s) in sync" in logs
+
+
+def _wait_for_step(hand: HandCluster, model_dir: str, step: int, timeout: float = TIMEOUT_S) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        train = [r for r in clusterlib.read_records(model_dir) if r.get("kind") == "train"] \
+            if os.path.exists(os.path.join(model_dir, "metrics.jsonl")) else []
+        if train and train[-1]["step"] >= step:
+            return time.time()
+        dead = {role: p.returncode for role, p in hand.procs.items() if p.poll() is not None}
+        if dead:
+            raise AssertionError(f"{dead} exited before step {step}\n{logs_of(hand)}")
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not reached within {timeout}s\n{logs_of(hand)}")
+
+
+@pytest.mark.cluster
+def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
+    """worker:1's link goes down mid-run for PARTITION_S seconds; the run ends exactly at train_steps."""
+    layout = {"chief": 1, "worker": 2, "ps": 1}
+    lan = make_lan(hosts_of(layout))
+    model_dir = str(tmp_path / "model")
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    args = mnist_args("parameter_server", model_dir, PARTITION_STEPS, "--gin_bindings=train.log_every_n_steps=20")
+    hand = LanCluster(lan, layout, args, str(log_dir),
+                      per_task_args={t: ["--chief_gone_grace_s=30"] for t in ("ps", "worker")})
+    try:
+        hand.start_all()
+        cut_at = _wait_for_step(hand, model_dir, PARTITION_AT_STEP)
+        lan.set_link("worker1", up=False)
+        time.sleep(PARTITION_S)
+        healed_at = time.time()
+        lan.set_link("worker1", up=True)
+        codes = hand.wait_all(timeout=TIMEOUT_S)
+    finally:
+        hand.kill_all()
+    logs = logs_of(hand)
+    assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
+    train = assert_finished(model_dir, PARTITION_STEPS, logs)
+    before = [r["step"] for r in train if r["time"] <= cut_at]
+    during = [r["step"] for r in train if cut_at < r["time"] <= healed_at]
+    assert before and before[-1] < PARTITION_STEPS, "the partition came after training ended"
+    assert during, f"no progress while worker:1 was cut off: {[(r['step'], r['time']) for r in train]}\n{logs}"
+    chief_log = hand.log("chief:0")
+    assert "restored" not in chief_log, "the chief restarted although only a worker's link went down"
+    assert f"training done at step {PARTITION_STEPS}" in chief_log
+    print(f"\n[multihost] partition of worker:1 at step {before[-1]} for {PARTITION_S}s; "
+          f"steps while cut off: {during[0]}..{during[-1]}")
