@@ -416,8 +416,8 @@ def temp_checkpoint(model_dir: str) -> str | None:
 @pytest.mark.cluster
 def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
     """A large Dense layer makes each save take a while; SIGKILL lands while '<ckpt>_temp' exists."""
-    steps, every = 150, 5
-    extra = ("--gin_bindings=MnistTrainer.dense_units=8192", f"--gin_bindings=train.steps_per_loop={every}")
+    steps, every = 60, 5
+    extra = ("--gin_bindings=MnistTrainer.dense_units=4096", f"--gin_bindings=train.steps_per_loop={every}")
     for attempt in range(1, 6):
         model_dir = str(tmp_path / f"model{attempt}")
         cmd = train_cmd(*mnist_args("one_device", model_dir, steps, log_every=every, checkpoint_every=every,
@@ -428,6 +428,7 @@ def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
             caught = None
             while first.proc.poll() is None and caught is None:
                 caught = temp_checkpoint(model_dir)
+                time.sleep(0.001)
             if caught is not None:
                 first.proc.send_signal(signal.SIGKILL)
                 kill_time = time.time()

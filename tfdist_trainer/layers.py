@@ -115,8 +115,14 @@ def ps_devices(strategy: tf.distribute.Strategy | None = None) -> list[str]:
     strategy = strategy or tf.distribute.get_strategy()
     if not _is_parameter_server(strategy):
         return []
-    num_ps = len(strategy.cluster_resolver.cluster_spec().as_dict().get("ps", []))
-    return [f"/job:ps/replica:0/task:{i}/device:CPU:0" for i in range(num_ps)]
+    # The coordinator is connected to the cluster, so the ps tasks' devices are listed.
+    tasks = sorted({_task_of(d.name) for d in tf.config.list_logical_devices("CPU") if "/job:ps/" in d.name},
+                   key=lambda t: int(tf.DeviceSpec.from_string(t).task))
+    if not tasks:  # not connected yet: ask the cluster resolver
+        resolver = getattr(strategy, "cluster_resolver", None) or getattr(strategy, "_cluster_resolver", None)
+        num_ps = len(resolver.cluster_spec().as_dict().get("ps", [])) if resolver is not None else 0
+        tasks = [f"/job:ps/replica:0/task:{i}" for i in range(num_ps)]
+    return [f"{t}/device:CPU:0" for t in tasks]
 
 
 def _task_of(device: str) -> str:
@@ -132,8 +138,13 @@ def _variable_bytes(variable: Any) -> int:
     return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
 
 
+def _tf_variable(variable: Any) -> Any:
+    """The TF variable inside a Keras variable (a TF variable is returned as it is)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
 def _device_of(variable: Any) -> str:
-    value = getattr(variable, "value", variable)  # a Keras variable wraps the TF one
+    value = _tf_variable(variable)
     if isinstance(value, tf.distribute.DistributedValues) or hasattr(value, "_values"):
         devices = sorted({v.device for v in getattr(value, "_values", ())})
         if len(devices) > 1:
@@ -297,8 +308,9 @@ class _LogicalTableCheckpoint(tf.__internal__.tracking.Trackable):
     without a copy. "mod" shards interleave rows, so the table is saved in
     slices of consecutive logical rows gathered from all shards. TensorFlow's
     checkpoint reader assembles whatever slices a restore asks for from the
-    slices that were saved, so the shard count, ps count and partition
-    strategy may all change between save and restore.
+    slices that were saved (as it does for a ShardedVariable), so the shard
+    count, the ps count and the partition strategy may all change between
+    save and restore.
     """
 
     KEY = "table"
@@ -310,75 +322,86 @@ class _LogicalTableCheckpoint(tf.__internal__.tracking.Trackable):
         self._dtype = dtype
         self._name = name
 
+    def _gather_saveables_for_checkpoint(self):
+        return {self.KEY: lambda name: _LogicalTableSaveable(self, name)}
+
     def _slice_spec(self, start: int, rows: int) -> str:
         return tf.Variable.SaveSliceInfo(full_name=self._name, full_shape=[self._layout.vocab, self._dim],
                                          var_offset=[start, 0], var_shape=[rows, self._dim]).spec
 
-    def _mod_slices(self) -> list[tuple[int, int]]:
+    def slices(self) -> list[tuple[int, int, Any]]:
+        """(first logical row, rows, device) of each saved slice, in save order."""
+        variables = self._variables_fn()
+        layout = self._layout
+        if layout.partition_strategy == "div":
+            return [(layout.offset(i), layout.rows(i), v.device) for i, v in enumerate(variables)]
         step = max(1, _CHECKPOINT_SLICE_BYTES // max(1, self._dim * self._dtype.size))
-        return [(s, min(self._layout.vocab, s + step)) for s in range(0, self._layout.vocab, step)]
+        return [(s, min(layout.vocab, s + step) - s, variables[(s // step) % len(variables)].device)
+                for s in range(0, layout.vocab, step)]
 
-    def _serialize_to_tensors(self):
-        from tensorflow.python.checkpoint import tensor_callable  # TF's own lazy save tensors
+    def _mod_pieces(self, start: int, end: int):
+        """For logical rows [start, end) in "mod" layout: (shard, offset in block, first local row, count)."""
+        n = self._layout.num_shards
+        for i in range(n):
+            first = start + (i - start) % n  # the first logical row >= start held by shard i
+            if first < end:
+                yield i, first - start, first // n, (end - 1 - first) // n + 1
 
+    def read_slice(self, index: int) -> tf.Tensor:
         variables = self._variables_fn()
-        layout = self._layout
-        slices = {}
-        if layout.partition_strategy == "div":
-            for i, variable in enumerate(variables):
-                def read(v=variable):
-                    with tf.device(v.device):
-                        return tf.identity(v.read_value_no_copy() if hasattr(v, "read_value_no_copy")
-                                           else v.read_value())
-                slices[self._slice_spec(layout.offset(i), layout.rows(i))] = tensor_callable.Callable(
-                    read, dtype=self._dtype, device=variable.device)
-        else:
-            n = layout.num_shards
-            for start, end in self._mod_slices():
-                device = variables[start % n].device
+        start, rows, device = self.slices()[index]
+        with tf.device(device):
+            if self._layout.partition_strategy == "div":
+                v = variables[index]
+                return tf.identity(v.read_value_no_copy() if hasattr(v, "read_value_no_copy") else v.read_value())
+            n = self._layout.num_shards
+            positions, parts = [], []
+            for shard, offset, local, count in self._mod_pieces(start, start + rows):
+                positions.append(tf.range(offset, rows, n))
+                parts.append(tf.gather(variables[shard], tf.range(local, local + count)))
+            return tf.dynamic_stitch(positions, parts)
 
-                def read(start=start, end=end, device=device):
-                    with tf.device(device):
-                        parts = []
-                        for i in range(n):
-                            first = start + (i - start) % n  # first logical row >= start in shard i
-                            if first >= end:
-                                parts.append(None)
-                                continue
-                            count = (end - 1 - first) // n + 1
-                            parts.append((first - start, tf.gather(variables[i], tf.range(first // n, first // n + count))))
-                        positions = [tf.range(off, end - start, n) for off, _ in filter(None, parts)]
-                        return tf.dynamic_stitch(positions, [rows for _, rows in filter(None, parts)])
-                slices[self._slice_spec(start, end - start)] = tensor_callable.Callable(
-                    read, dtype=self._dtype, device=device)
-        return {self.KEY: slices}
-
-    def _restore_from_tensors(self, restored_tensors):
+    def restore_slices(self, tensors: Sequence[tf.Tensor]) -> tf.Operation:
         variables = self._variables_fn()
-        layout = self._layout
-        restored = restored_tensors[self.KEY]
-        if not isinstance(restored, dict):  # saved unsliced (one shard, one tensor)
-            restored = {self._slice_spec(0, layout.vocab): restored}
         ops = []
-        if layout.partition_strategy == "div":
-            for i, variable in enumerate(variables):
-                tensor = restored[self._slice_spec(layout.offset(i), layout.rows(i))]
+        for (start, rows, _), tensor in zip(self.slices(), tensors):
+            if self._layout.partition_strategy == "div":
+                variable = variables[len(ops)]
                 with tf.device(variable.device):
                     ops.append(variable.assign(tensor, read_value=False))
-        else:
-            n = layout.num_shards
-            for start, end in self._mod_slices():
-                block = restored[self._slice_spec(start, end - start)]
-                for i, variable in enumerate(variables):
-                    first = start + (i - start) % n
-                    if first >= end:
-                        continue
-                    count = (end - 1 - first) // n + 1
-                    rows = block[first - start::n]
-                    with tf.device(variable.device):
-                        ops.append(variable.scatter_update(tf.IndexedSlices(
-                            rows, tf.range(first // n, first // n + count, dtype=tf.int64))))
+                continue
+            n = self._layout.num_shards
+            for shard, offset, local, count in self._mod_pieces(start, start + rows):
+                variable = variables[shard]
+                with tf.device(variable.device):
+                    ops.append(variable.scatter_update(tf.IndexedSlices(
+                        tensor[offset::n], tf.range(local, local + count, dtype=tf.int64))))
         return tf.group(ops)
+
+
+def _make_saveable_class():
+    from tensorflow.python.training.saving import saveable_object
+
+    class LogicalTableSaveable(saveable_object.SaveableObject):
+        """One SaveSpec per slice of the logical table, all under one checkpoint key."""
+
+        def __init__(self, table: _LogicalTableCheckpoint, name: str):
+            self._table = table
+            specs = []
+            for index, (start, rows, device) in enumerate(table.slices()):
+                specs.append(saveable_object.SaveSpec(
+                    (lambda index=index: table.read_slice(index)), table._slice_spec(start, rows), name,
+                    dtype=table._dtype, device=device))
+            super().__init__(None, specs, name)
+
+        def restore(self, restored_tensors, restored_shapes):
+            del restored_shapes
+            return self._table.restore_slices(restored_tensors)
+
+    return LogicalTableSaveable
+
+
+_LogicalTableSaveable = _make_saveable_class()
 
 
 def _resolve_num_shards(layer_name: str, vocab: int, num_shards: int | None, devices: Sequence[str] | None) -> int:
@@ -612,6 +635,7 @@ class ReshardableOptimizerMixin:
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         slot = super().add_variable_from_reference(reference_variable, name=name, initializer=initializer)
+        slot._tfdist_slot_key = f"{getattr(reference_variable, 'path', reference_variable.name)}/{name}"
         table = getattr(reference_variable, "_tfdist_table", None)
         if table is not None:
             slot._tfdist_slot_of = (table, name)
@@ -635,16 +659,22 @@ class ReshardableOptimizerMixin:
                 continue
             slot_of = getattr(variable, "_tfdist_slot_of", None)
             if slot_of is None:
-                keep[f"var/{variable.path}"] = variable
+                # By what it is, not by position or by the optimizer's own (auto-numbered) name.
+                key = getattr(variable, "_tfdist_slot_key", None) or variable.path.split("/", 1)[-1]
+                keep[f"var/{key}"] = variable
                 continue
             (table, shard), slot_name = slot_of
             groups.setdefault((id(table), slot_name), {"table": table, "slots": {}})["slots"][shard] = variable
         for (_, slot_name), group in groups.items():
             table: _ShardedWeight = group["table"]
             slots = [group["slots"][i] for i in range(table.layout.num_shards)]
-            keep[f"sharded/{table.key}/{slot_name}"] = _LogicalTableCheckpoint(
-                lambda slots=slots: [s.value for s in slots], table.layout, table.dim,
-                tf.as_dtype(slots[0].dtype), name=f"{table.key}/{slot_name}")
+            cache = self.__dict__.setdefault("_tfdist_slot_tables", {})
+            key = (id(table), slot_name, tuple(id(s) for s in slots))
+            if key not in cache:  # the same object on every call: checkpoints compare identities
+                cache[key] = _LogicalTableCheckpoint(lambda slots=slots: [s.value for s in slots], table.layout,
+                                                     table.dim, tf.as_dtype(slots[0].dtype),
+                                                     name=f"{table.key}/{slot_name}")
+            keep[f"sharded/{table.key}/{slot_name}"] = cache[key]
         return keep
 
 
@@ -671,8 +701,7 @@ class SparseAdagrad(ReshardableOptimizerMixin, keras.optimizers.Adagrad):
             return super().update_step(gradient, variable, learning_rate)
         lr = tf.cast(learning_rate, variable.dtype)
         accumulator = self._accumulators[self._get_variable_index(variable)]
-        accumulator = getattr(accumulator, "value", accumulator)
-        variable = getattr(variable, "value", variable)
+        accumulator, variable = _tf_variable(accumulator), _tf_variable(variable)
         indices, position = tf.unique(tf.cast(gradient.indices, tf.int64))
         values = tf.math.unsorted_segment_sum(tf.cast(gradient.values, variable.dtype), position,
                                               tf.shape(indices)[0])

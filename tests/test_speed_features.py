@@ -1,0 +1,126 @@
+"""Speed knobs: steps_per_loop='auto', XLA, mixed precision, and a loop that never retraces."""
+
+from __future__ import annotations
+
+import re
+
+import keras
+import pytest
+import tensorflow as tf
+
+from clusterlib import FAST_MNIST, REPO, read_records, run, strategy_gin, train_cmd
+from tfdist_trainer import loops, runner
+from tfdist_trainer.trainer import Trainer
+
+
+# -- the tuner, with fake timings ------------------------------------------------
+
+def _feed(tuner: loops.StepsPerLoopTuner, seconds_per_call, calls: int) -> None:
+    for _ in range(calls):
+        tuner.observe(tuner.value, seconds_per_call(tuner.value))
+
+
+def test_tuner_doubles_while_throughput_improves_then_settles_on_the_best():
+    # Fixed overhead of 10 ms per call plus 1 ms per step: gains shrink as calls grow.
+    tuner = loops.StepsPerLoopTuner(initial=4, maximum=1024, min_gain=0.05)
+    _feed(tuner, lambda n: 0.010 + 0.001 * n, 60)
+    assert tuner.frozen
+    # 128 -> 256 gains 3.5% (< 5%), so 128 is the last size that paid off.
+    assert tuner.value == 128
+
+
+def test_tuner_stops_at_maximum():
+    tuner = loops.StepsPerLoopTuner(initial=4, maximum=32)
+    _feed(tuner, lambda n: 1.0, 40)  # pure per-call overhead: bigger is always better
+    assert tuner.frozen and tuner.value == 32
+
+
+def test_tuner_ignores_short_calls_at_boundaries():
+    tuner = loops.StepsPerLoopTuner(initial=8)
+    for _ in range(20):
+        tuner.observe(3, 100.0)  # a 3-step remainder before a checkpoint says nothing
+    assert tuner.value == 8 and not tuner.frozen
+
+
+def test_synchronous_workers_take_the_same_decision():
+    # Worker A sees no gain, worker B does: with agree=max both keep doubling.
+    decisions = []
+    tuner = loops.StepsPerLoopTuner(initial=4, agree=lambda v: max(v, 1) if not decisions.append(v) else v)
+    _feed(tuner, lambda n: 1.0 * n, 6)  # no gain at all locally
+    assert tuner.value > 4 and not tuner.frozen
+
+
+# -- no retracing between loops ------------------------------------------------
+
+class _TinyTrainer(Trainer):
+    def build_model(self):
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+
+    def build_train_dataset(self, input_context):
+        x = tf.random.stateless_normal([256, 4], seed=[1, 2])
+        y = tf.cast(x[:, 0] > 0, tf.int64)
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(self.per_replica_batch_size(input_context))
+
+    def compute_loss(self, labels, logits):
+        return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+
+def test_loop_traces_once_for_any_number_of_steps():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    trainer = _TinyTrainer(global_batch_size=16)
+    global_step, _ = runner.build_state(trainer, strategy)
+    loop = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop=10)
+    for steps in (10, 7, 23, 3):
+        result = loop.train(steps)
+        assert result.steps == steps
+    assert int(global_step.numpy()) == 43
+    assert loop._loop.experimental_get_tracing_count() == 1
+
+
+# -- the knobs end to end -------------------------------------------------------
+
+def _train(tmp_path, *bindings, strategy="one_device", steps=200):
+    model_dir = str(tmp_path / "model")
+    result = run(train_cmd(*FAST_MNIST, strategy_gin(strategy), f"--model_dir={model_dir}",
+                           f"--gin_bindings=train.train_steps={steps}",
+                           *[f"--gin_bindings={b}" for b in bindings]), timeout=300)
+    return result, model_dir
+
+
+@pytest.mark.cluster
+def test_auto_steps_per_loop_settles_and_trains(tmp_path):
+    result, model_dir = _train(tmp_path, "train.steps_per_loop='auto'", "train.log_every_n_steps=1000",
+                               "train.checkpoint_every_n_steps=None", steps=1200)
+    assert result.returncode == 0, result.stdout[-3000:]
+    settled = re.findall(r"steps_per_loop='auto' settled on (\d+)", result.stdout)
+    assert settled, result.stdout[-3000:]
+    assert 8 <= int(settled[0]) <= 1024
+    assert read_records(model_dir)[-1]["step"] == 1200
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("binding, steps, min_accuracy", [
+    ("train.jit_compile=True", 200, 0.8),
+    ("train.mixed_precision='mixed_bfloat16'", 200, 0.8),
+    # CPUs emulate float16 slowly: fewer steps, the point is that loss scaling keeps it learning.
+    ("train.mixed_precision='mixed_float16'", 100, 0.5),
+])
+def test_speed_knob_trains(tmp_path, binding, steps, min_accuracy):
+    result, model_dir = _train(tmp_path, binding, "train.log_every_n_steps=50", steps=steps)
+    assert result.returncode == 0, result.stdout[-3000:]
+    records = read_records(model_dir)
+    train = [r for r in records if r["kind"] == "train"]
+    assert train[-1]["step"] == steps and train[-1]["loss"] < train[0]["loss"]
+    assert [r for r in records if r["kind"] == "eval"][-1]["eval_accuracy"] > min_accuracy
+
+
+def test_bad_mixed_precision_is_one_sentence(tmp_path):
+    result, _ = _train(tmp_path, "train.mixed_precision='float8'")
+    assert result.returncode == 2
+    assert "train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16'" in result.stdout
+
+
+def test_jit_compile_on_logical_cpus_is_refused_clearly(tmp_path):
+    result, _ = _train(tmp_path, "train.jit_compile=True", strategy="mirrored")
+    assert result.returncode != 0
+    assert "train.jit_compile=True cannot run mirrored over several CPU devices" in result.stdout
