@@ -276,13 +276,19 @@ class _ShardedWeight:
     def tf_variables(self) -> list:
         return [v.value for v in self.variables]
 
-    def gather(self, ids: tf.Tensor, unique: bool = True) -> tf.Tensor:
+    def gather(self, ids: tf.Tensor, unique: bool = True, validate: bool = True) -> tf.Tensor:
         """Rows of the logical table for `ids` (any shape) -> ids.shape + [dim]; one gather per shard."""
         ids = tf.convert_to_tensor(ids)
         if not ids.dtype.is_integer:
             raise TypeError(f"{self.key}: ids must be integers, got {ids.dtype}.")
         ids = tf.cast(ids, tf.int64)
         flat = tf.reshape(ids, [-1])
+        if validate:
+            vocab = self.layout.vocab
+            with tf.control_dependencies([tf.debugging.assert_non_negative(
+                    flat, message=f"{self.key}: ids must be >= 0"), tf.debugging.assert_less(
+                    flat, tf.constant(vocab, tf.int64), message=f"{self.key}: ids must be < {vocab} (the rows)")]):
+                flat = tf.identity(flat)
         if unique:
             flat, restore = tf.unique(flat)
         variables = self.tf_variables()

@@ -30,10 +30,11 @@ class LoopResult:
     retried: bool = False              # set by NanGuard when it rolled back to a checkpoint
 
 
-def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer,
-                   global_step: tf.Variable, jit_compile: bool = False) -> Callable:
-    # With XLA, each replica's step is compiled (as Keras does for fit); the loop around it is not.
-    step_fn = tf.function(trainer.train_step, jit_compile=True) if jit_compile else trainer.train_step
+def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
+                   jit_compile: bool = False, step_fn: Callable | None = None) -> Callable:
+    step_fn = step_fn or trainer.train_step
+    if jit_compile:  # each replica's step is compiled (as Keras does for fit); the loop around it is not
+        step_fn = tf.function(step_fn, jit_compile=True)
 
     @tf.function
     def train_loop(iterator, steps):
@@ -122,10 +123,11 @@ class TrainLoop:
     """Runs training steps under a synchronous strategy (one_device, mirrored, multi_worker_mirrored)."""
 
     def __init__(self, strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
-                 steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False):
+                 steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False,
+                 step_fn: Callable | None = None):
         self.strategy = strategy
         self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
-        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile)
+        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn)
         dataset = strategy.distribute_datasets_from_function(
             tf.autograph.experimental.do_not_convert(
                 lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
@@ -152,10 +154,11 @@ class ScheduledTrainLoop:
     """Runs training steps under parameter_server: whole loops scheduled onto workers by the chief."""
 
     def __init__(self, strategy: tf.distribute.Strategy, coordinator: Any, trainer: Trainer,
-                 global_step: tf.Variable, steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False):
+                 global_step: tf.Variable, steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False,
+                 step_fn: Callable | None = None):
         self.coordinator = coordinator
         self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
-        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile)
+        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn)
 
         @tf.autograph.experimental.do_not_convert
         def per_worker_dataset_fn():

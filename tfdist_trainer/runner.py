@@ -118,23 +118,26 @@ def _example_batch(trainer: Trainer) -> Any:
     return tf.nest.map_structure(zeros, features_spec)
 
 
-def build_model(trainer: Trainer) -> keras.Model:
+def build_model(trainer: Trainer, strategy_config: StrategyConfig | None = None) -> keras.Model:
     """Builds the user's model with all its variables, never lazily inside a step.
 
-    Variables land where the current scope places them only when they are
-    created here, not when a `tf.function` first calls the model.
+    Variables land where the current scope (or a model_parallel plan) places
+    them only when they are created here, not when a `tf.function` first
+    calls the model.
     """
     model = trainer.build_model()
+    if strategy_config is not None:
+        model = strategy_config.prepare_model(model)
     if not model.built:
         model(_example_batch(trainer), training=False)
     return model
 
 
-def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_optimizer: bool = True
-                ) -> tuple[tf.Variable, tf.train.Checkpoint]:
+def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_optimizer: bool = True,
+                strategy_config: StrategyConfig | None = None) -> tuple[tf.Variable, tf.train.Checkpoint]:
     """Creates model, optimizer, metrics and global step under the scope; returns (global_step, checkpoint)."""
     with strategy.scope():
-        trainer.model = build_model(trainer)
+        trainer.model = build_model(trainer, strategy_config)
         trainer.train_metrics = trainer.build_metrics()
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
@@ -306,7 +309,7 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     if experiment.mixed_precision:
         keras.mixed_precision.set_global_policy(experiment.mixed_precision)
     trainer = experiment.trainer_cls()
-    global_step, checkpoint = build_state(trainer, strategy)
+    global_step, checkpoint = build_state(trainer, strategy, strategy_config=config)
     checkpointer = Checkpointer(model_dir=model_dir, cluster=cluster, checkpoint=checkpoint,
                                 global_step=global_step, keep=experiment.keep_checkpoints)
     checkpointer.restore()
@@ -317,10 +320,11 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             initial=min(8, experiment.steps_per_loop),
             agree=_max_over_workers_fn(strategy) if synchronous_workers else None)
     if coordinator is None:
-        loop = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop, jit_compile=experiment.jit_compile)
+        loop = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop, jit_compile=experiment.jit_compile,
+                               step_fn=config.train_step_fn(trainer))
     else:
         loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, steps_per_loop,
-                                        jit_compile=experiment.jit_compile)
+                                        jit_compile=experiment.jit_compile, step_fn=config.train_step_fn(trainer))
     run = RunContext(experiment=experiment, cluster=cluster, model_dir=model_dir, strategy=strategy,
                      trainer=trainer, global_step=global_step, checkpointer=checkpointer,
                      evaluator=loops.EvalLoop(trainer, strategy, distributed=coordinator is None),

@@ -61,6 +61,14 @@ class StrategyConfig(abc.ABC):
         """The tasks to restart together when `failed_role` dies (a launcher's restart policy)."""
         return [failed_role]
 
+    def prepare_model(self, model: Any) -> Any:
+        """Called on the user's model before it is built (model_parallel places its layers here)."""
+        return model
+
+    def train_step_fn(self, trainer: Any) -> Any:
+        """The per-replica step the loop runs (model_parallel may pipeline it over micro-batches)."""
+        return trainer.train_step
+
     def prepare_devices(self) -> None:
         """Device set-up that must happen before the TF runtime starts (logical CPUs...)."""
 
