@@ -223,12 +223,16 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
             "global_step_exact": final_step == expected_step, "environment": _common.environment()}
 
 
-def recommend(results: list[dict], tolerance: float = 0.9) -> dict:
-    """The smallest K whose steps/s is within `tolerance` of the best K at every measured call size.
+def recommend(results: list[dict], num_workers: int, tie: float = 0.95) -> dict:
+    """Picks a default steps_per_loop from the measurements; the rule is spelled out in the result.
 
-    Smaller K means finer-grained scheduling: less work re-run when a worker
-    dies mid-closure, and more closures per train() call to spread over the
-    workers. If no K qualifies, the K with the best worst-case relative speed.
+    Candidates are the K that give every worker a closure in each train()
+    call at every measured steps/call (ceil(call / K) >= num_workers): a
+    larger K leaves workers idle until the next call, which this one machine
+    hides (idle workers' cores go to the busy one) but a real cluster would
+    not. Among them, the best worst-case steps/s relative to the fastest K at
+    each call size wins; candidates within `tie` of it go to the smallest K
+    (less work re-run when a worker dies mid-closure).
     """
     calls = sorted({r["steps_per_call"] for r in results})
     best = {c: max(r["steps_per_s"] for r in results if r["steps_per_call"] == c) for c in calls}
@@ -236,12 +240,15 @@ def recommend(results: list[dict], tolerance: float = 0.9) -> dict:
     for r in results:
         k, rel = r["steps_per_loop"], r["steps_per_s"] / best[r["steps_per_call"]]
         relative[k] = min(relative.get(k, rel), rel)
-    good = sorted(k for k, rel in relative.items() if rel >= tolerance)
-    pick = good[0] if good else max(relative, key=relative.get)
+    busy = [k for k in relative if all(-(-c // k) >= num_workers for c in calls)] or list(relative)
+    top = max(relative[k] for k in busy)
+    pick = min(k for k in busy if relative[k] >= tie * top)
     return {"steps_per_loop": pick, "worst_relative_steps_per_s": relative[pick],
             "relative_steps_per_s_by_steps_per_loop": {str(k): v for k, v in sorted(relative.items())},
-            "rule": f"smallest steps_per_loop within {tolerance:.0%} of the best steps/s at every steps/call "
-                    f"({', '.join(map(str, calls))})"}
+            "keeps_all_workers_busy": sorted(busy),
+            "rule": f"among steps_per_loop values that give all {num_workers} workers a closure per train() call "
+                    f"at every steps/call ({', '.join(map(str, calls))}), the best worst-case steps/s relative "
+                    f"to the fastest (ties within {1 - tie:.0%} to the smaller)"}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -280,7 +287,7 @@ def run(args: argparse.Namespace) -> dict:
         "global_step": measured["global_step"],
         "expected_global_step": measured["expected_global_step"],
         "global_step_exact": measured["global_step_exact"],
-        "recommendation": recommend(measured["results"]),
+        "recommendation": recommend(measured["results"], args.num_workers),
     }
     path = _common.write_json(out, NAME, payload)
     print()

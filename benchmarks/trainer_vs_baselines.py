@@ -14,7 +14,9 @@ all in one process:
   fit_default   model.fit(steps_per_epoch=steps, epochs=1), Keras defaults (steps_per_execution=1,
                 jit_compile='auto', which on TensorFlow means XLA when every layer supports it)
   fit_spe100    the same with compile(steps_per_execution=100)
+  trainer_jit   (only with --variants) the trainer with TrainLoop(jit_compile=True): XLA per replica step
   fit_default_nojit, fit_spe100_nojit   (only with --variants) the fit runs with jit_compile=False
+                (the same as the defaults on a CPU-only machine, where Keras turns XLA off)
 
 Every variant gets its own freshly built, identically seeded model and runs
 `--warmup_steps` untimed steps first (tracing, XLA compilation, first
@@ -36,7 +38,7 @@ from benchmarks import _common
 NAME = "trainer_vs_baselines"
 BASELINE = "handwritten"
 DEFAULT_VARIANTS = ("trainer", "handwritten", "fit_default", "fit_spe100")
-ALL_VARIANTS = DEFAULT_VARIANTS + ("fit_default_nojit", "fit_spe100_nojit")
+ALL_VARIANTS = DEFAULT_VARIANTS + ("trainer_jit", "fit_default_nojit", "fit_spe100_nojit")
 TARGET_TRAINER_OVER_HANDWRITTEN = 1.05   # time ratio, at most
 TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.7      # fit_default time / trainer time, at least
 
@@ -45,6 +47,7 @@ DESCRIPTIONS = {
     "handwritten": "tf.function loop, {spl} steps/call",
     "fit_default": "Keras model.fit, defaults",
     "fit_spe100": "Keras model.fit, steps_per_execution={spl}",
+    "trainer_jit": "TrainLoop, steps_per_loop={spl}, jit_compile=True",
     "fit_default_nojit": "Keras model.fit, jit_compile=False",
     "fit_spe100_nojit": "model.fit, steps_per_execution={spl}, jit_compile=False",
 }
@@ -94,7 +97,7 @@ def _template(args, pool):
                                        filters=args.filters, dense_units=args.dense_units)
 
 
-def make_trainer(args, pool) -> Callable[[int], float]:
+def make_trainer(args, pool, jit_compile: bool = False) -> Callable[[int], float]:
     import keras
 
     from tfdist_trainer import loops, runner
@@ -104,7 +107,8 @@ def make_trainer(args, pool) -> Callable[[int], float]:
     trainer = _template(args, pool)
     strategy = OneDevice().create(None)
     global_step, _ = runner.build_state(trainer, strategy)
-    loop = loops.TrainLoop(strategy, trainer, global_step, args.steps_per_loop)
+    kwargs = {"jit_compile": True} if jit_compile else {}  # only passed when asked: older loops lack it
+    loop = loops.TrainLoop(strategy, trainer, global_step, args.steps_per_loop, **kwargs)
     return lambda steps: _common.loss_value(loop.train(steps))
 
 
@@ -169,6 +173,7 @@ def build_variant(name: str, args, pool) -> Callable[[int], float]:
     spl = args.steps_per_loop
     return {
         "trainer": lambda: make_trainer(args, pool),
+        "trainer_jit": lambda: make_trainer(args, pool, jit_compile=True),
         "handwritten": lambda: make_handwritten(args, pool),
         "fit_default": lambda: make_fit(args, pool, steps_per_execution=1, jit_compile="auto"),
         "fit_spe100": lambda: make_fit(args, pool, steps_per_execution=spl, jit_compile="auto"),

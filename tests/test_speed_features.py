@@ -75,6 +75,9 @@ def test_loop_traces_once_for_any_number_of_steps():
         assert result.steps == steps
     assert int(global_step.numpy()) == 43
     assert loop._loop.experimental_get_tracing_count() == 1
+    # A second loop over the same Trainer (a benchmark, a re-built loop) traces cleanly too.
+    second = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop=5)
+    assert second.train(5).steps == 5
 
 
 # -- the knobs end to end -------------------------------------------------------

@@ -4,12 +4,14 @@ One compiled loop function serves every strategy: it runs `steps` replica
 steps through `strategy.run` and bumps the global step once. Synchronous
 strategies call it directly; under parameter_server the chief hands whole
 calls to `ClusterCoordinator.schedule`, so a worker runs `steps_per_loop`
-steps per round trip (DESIGN: ~3x more steps/s at 10 than at 1).
+steps per round trip (measured here: 1.5-2x more steps/s at 10 than at 1,
+benchmarks/ps_steps_per_loop.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any, Callable
 
@@ -41,6 +43,8 @@ def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer, global_st
         base = global_step.read_value()
         total = tf.constant(0.0, tf.float32)
         first_bad = tf.constant(-1, tf.int64)
+        # AutoGraph carries `trainer.step` through the loop: it must start in this graph.
+        trainer.step = base
         for i in tf.range(steps):
             # The step being taken, for user steps that need it (schedules, fault injection).
             trainer.step = base + i + 1
@@ -155,8 +159,9 @@ class ScheduledTrainLoop:
 
     def __init__(self, strategy: tf.distribute.Strategy, coordinator: Any, trainer: Trainer,
                  global_step: tf.Variable, steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False,
-                 step_fn: Callable | None = None):
+                 step_fn: Callable | None = None, num_workers: int = 1):
         self.coordinator = coordinator
+        self.num_workers = max(1, num_workers)
         self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
         self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn)
 
@@ -177,7 +182,8 @@ class ScheduledTrainLoop:
     def train(self, steps: int) -> LoopResult:
         """Schedules ceil(steps / steps_per_loop) loops onto free workers and waits for all."""
         scheduled = []
-        size = self.size.value
+        # Never fewer closures than workers: one long closure would leave the others idle until join.
+        size = max(1, min(self.size.value, math.ceil(steps / self.num_workers)))
         start = time.perf_counter()
         full, rest = divmod(steps, size)
         for n in [size] * full + ([rest] if rest else []):

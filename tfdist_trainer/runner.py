@@ -25,7 +25,7 @@ from tfdist_trainer import data as data_lib
 from tfdist_trainer import hooks as hooks_lib
 from tfdist_trainer import loops
 from tfdist_trainer.checkpoints import Checkpointer
-from tfdist_trainer.cluster import CHIEF, ClusterConfig, is_listening
+from tfdist_trainer.cluster import CHIEF, WORKER, ClusterConfig, is_listening
 from tfdist_trainer.hooks import NonFiniteLossError  # noqa: F401  (re-exported for the CLI)
 from tfdist_trainer.logs import MetricsRecord, Summaries
 from tfdist_trainer.strategies import OneDevice, StrategyConfig, as_strategy_config
@@ -324,7 +324,8 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
                                step_fn=config.train_step_fn(trainer))
     else:
         loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, steps_per_loop,
-                                        jit_compile=experiment.jit_compile, step_fn=config.train_step_fn(trainer))
+                                        jit_compile=experiment.jit_compile, step_fn=config.train_step_fn(trainer),
+                                        num_workers=cluster.num_tasks(WORKER))
     run = RunContext(experiment=experiment, cluster=cluster, model_dir=model_dir, strategy=strategy,
                      trainer=trainer, global_step=global_step, checkpointer=checkpointer,
                      evaluator=loops.EvalLoop(trainer, strategy, distributed=coordinator is None),

@@ -1,0 +1,379 @@
+"""parameter_server steps/s of the sharded-embedding recipe, bytes per step, and ps memory.
+
+    python -m benchmarks.sharded_embedding [--configs=tiny,100m] [--steps=500] [--repeats=3]
+                                           [--num_ps=2] [--num_workers=2] [--out=bench_out] [--smoke]
+    python -m benchmarks.sharded_embedding --configs=1b      # the 1 B-parameter config (~4 GB of tables)
+
+For each config, a real cluster starts on 127.0.0.1: `--num_ps` ps and
+`--num_workers` worker tasks, each the library's own serving process
+(``python -m tfdist_trainer.cli`` with TF_CONFIG and
+configs/sharded_embedding/<config>.gin + configs/strategies/parameter_server.gin),
+and a chief process (this module, re-run with ``--chief``) that builds the
+recipe's state (`runner.build_state`, so the tables are created and placed as
+`tfdist-train` would) and times `loops.ScheduledTrainLoop.train` calls of
+``--steps_per_call`` steps, after an untimed warm-up. Each config gets a fresh
+cluster so that the peak memory of its ps tasks is its own.
+
+Reported per config:
+
+- steps/s and examples/s (median of ``--repeats``, min..max);
+- the time to create and initialize the tables (build_state);
+- the placement: bytes per ps task and the imbalance;
+- bytes per step, estimated from the data: per step a worker fetches each
+  distinct (feature, id) row once (``ShardedEmbedding`` gathers unique ids)
+  and sends back one gradient row per distinct id, plus the int64 ids both
+  ways, versus the bytes of the whole tables (what a dense read per step
+  would move);
+- peak RSS (VmHWM from /proc/<pid>/status) of every ps and worker, and the chief's.
+
+Data: the recipe's synthetic clicks (a hidden logistic model over per-id weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from benchmarks import _common
+
+NAME = "sharded_embedding"
+CONFIGS = ("tiny", "100m", "1b")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.sharded_embedding", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", "--config", default="tiny,100m",
+                   help=f"comma-separated configs from configs/sharded_embedding ({', '.join(CONFIGS)})")
+    p.add_argument("--steps", type=int, default=500, help="timed steps per repetition")
+    p.add_argument("--steps_per_call", type=int, default=100, help="steps per loop.train() call (the log interval)")
+    p.add_argument("--steps_per_loop", type=int, default=10, help="parameter_server.steps_per_loop")
+    p.add_argument("--warmup_steps", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch_size", type=int, default=None, help="override Trainer.global_batch_size")
+    p.add_argument("--num_workers", type=int, default=2)
+    p.add_argument("--num_ps", type=int, default=2)
+    p.add_argument("--bytes_batches", type=int, default=20, help="batches sampled to count distinct ids per step")
+    p.add_argument("--startup_timeout_s", type=float, default=180.0)
+    p.add_argument("--chief_timeout_s", type=float, default=3600.0)
+    p.add_argument("--gin_bindings", action="append", default=[], help="extra gin bindings for every config")
+    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for sharded_embedding.json and task logs")
+    p.add_argument("--smoke", action="store_true", help="the tiny config, few steps, one repetition (for tests)")
+    p.add_argument("--chief", help=argparse.SUPPRESS)  # internal: run as the chief of this JSON cluster spec
+    args = p.parse_args(argv)
+    args.configs = [c for c in args.configs.replace(" ", "").split(",") if c]
+    if args.smoke:
+        args.configs, args.steps, args.steps_per_call, args.warmup_steps = ["tiny"], 40, 20, 20
+        args.repeats, args.bytes_batches = 1, 4
+    for c in args.configs:
+        if c not in CONFIGS:
+            p.error(f"--configs: unknown config {c!r}; pick from {', '.join(CONFIGS)}")
+    for name in ("steps", "steps_per_call", "steps_per_loop", "repeats", "num_workers", "num_ps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.steps % args.steps_per_call:
+        p.error(f"--steps_per_call={args.steps_per_call} must divide --steps={args.steps}")
+    return args
+
+
+def gin_files(config: str) -> list[str]:
+    return [os.path.join(_common.REPO, "configs", "sharded_embedding", f"{config}.gin"),
+            os.path.join(_common.REPO, "configs", "strategies", "parameter_server.gin")]
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """VmHWM of a live process, in bytes (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+# -- the chief (a separate process per config) ----------------------------------------------------
+
+def chief_main(args: argparse.Namespace) -> None:
+    spec = json.loads(args.chief)
+    cluster, config = spec["cluster"], spec["config"]
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+    import gin
+    import numpy as np
+
+    from tfdist_trainer import layers, loops, runner
+    from tfdist_trainer.config import load_experiment
+
+    bindings = [f"parameter_server.steps_per_loop={args.steps_per_loop}", *args.gin_bindings]
+    if args.batch_size:
+        bindings.append(f"Trainer.global_batch_size={args.batch_size}")
+    experiment = load_experiment(gin_files(config), bindings)
+    strategy_config = experiment.strategy_config
+    strategy = strategy_config.create(None)
+    coordinator = strategy_config.create_coordinator(strategy)
+    trainer = experiment.trainer_cls(report_dir=None, step_report=False)
+
+    t0 = time.perf_counter()
+    global_step, _ = runner.build_state(trainer, strategy)
+    build_s = time.perf_counter() - t0
+    placement = layers.placement_records(trainer.model)
+    print(layers.placement_table(trainer.model), flush=True)
+
+    # Bytes per step, from the data a worker reads: distinct ids per feature per batch.
+    batch = trainer.global_batch_size
+    tables = [(layer.input_dim, layer.output_dim) for layer in layers.sharded_layers(trainer.model)]
+    sample = trainer.synthetic.dataset(batch, first_batch=123_456, num_batches=args.bytes_batches)
+    distinct = np.mean([[len(np.unique(f["categorical"][:, i].numpy())) for i in range(len(tables))]
+                        for f, _ in sample], axis=0)
+    row_bytes = [4 * width for _, width in tables]
+    fetched = float(sum(d * b for d, b in zip(distinct, row_bytes)))
+    ids_bytes = float(8 * distinct.sum())
+    table_bytes = sum(4 * rows * width for rows, width in tables)
+    per_step = 2 * fetched + 2 * ids_bytes  # rows out and gradient rows back, ids both ways
+
+    loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, experiment.steps_per_loop)
+    t0 = time.perf_counter()
+    warm_loss = loop.train(args.warmup_steps).loss
+    warmup_s = time.perf_counter() - t0
+    times, losses = [], []
+    for rep in range(args.repeats):
+        t0 = time.perf_counter()
+        for _ in range(args.steps // args.steps_per_call):
+            losses.append(loop.train(args.steps_per_call).loss)
+        times.append(time.perf_counter() - t0)
+        print(f"[{NAME}] {config}: round {rep + 1}/{args.repeats}: {args.steps / times[-1]:.1f} steps/s", flush=True)
+    stats = _common.summarize(times, args.steps)
+    result = {
+        "config": config, **stats,
+        "examples_per_s": stats["steps_per_s"] * batch, "batch_size": batch,
+        "steps_per_loop": experiment.steps_per_loop, "steps_per_call": args.steps_per_call,
+        "build_state_s": build_s, "warmup_s": warmup_s, "warmup_loss": warm_loss, "final_loss": losses[-1],
+        "global_step": int(global_step.numpy()),
+        "table_parameters": sum(rows * width for rows, width in tables),
+        "model_parameters": int(sum(np.prod(v.shape) for v in trainer.model.variables)),
+        "table_bytes": table_bytes,
+        "bytes_per_ps": {t: b for t, b in placement["bytes_per_task"].items() if "/job:ps/" in t},
+        "ps_imbalance": placement["ps_imbalance"],
+        "num_shards": len([v for v in placement["variables"] if "_shard_" in v["name"]]),
+        "ids_per_step": batch * len(tables),
+        "distinct_ids_per_step": float(distinct.sum()),
+        "row_bytes_fetched_per_step": fetched,
+        "estimated_bytes_moved_per_step": per_step,
+        "dense_read_bytes_per_step": 2 * table_bytes,
+        "moved_fraction_of_table": per_step / table_bytes,
+        "chief_peak_rss_bytes": peak_rss_bytes(os.getpid()),
+        "environment": _common.environment(),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    gin.clear_config()
+    sys.stdout.flush()
+    os._exit(0)  # the coordinator's threads can keep a finished chief alive
+
+
+# -- one cluster per config -------------------------------------------------------------------------
+
+class Cluster:
+    """ps and worker tasks serving under `python -m tfdist_trainer.cli`, plus the chief process."""
+
+    def __init__(self, config: str, args: argparse.Namespace, run_dir: str):
+        import portpicker
+        self.config, self.args, self.run_dir = config, args, run_dir
+        layout = {"chief": 1, "worker": args.num_workers, "ps": args.num_ps}
+        self.cluster = {t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items()}
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.log_dir = os.path.join(run_dir, "logs")
+        self.peak: dict[str, int] = {}
+
+    def _env(self, task_type: str, index: int) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TF_CONFIG"] = json.dumps({"cluster": self.cluster, "task": {"type": task_type, "index": index}})
+        env["GRPC_FAIL_FAST"] = "use_caller"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_common.REPO, env.get("PYTHONPATH")]))
+        return env
+
+    def _spawn(self, role: str, cmd: list[str], env: dict[str, str]) -> None:
+        log = open(os.path.join(self.log_dir, role.replace(":", "-") + ".log"), "w")
+        self.procs[role] = subprocess.Popen(cmd, env=env, cwd=_common.REPO, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    def start_servers(self) -> None:
+        os.makedirs(self.log_dir, exist_ok=True)
+        model_dir = os.path.join(self.run_dir, "model_dir")
+        for task_type in ("ps", "worker"):
+            for index in range(len(self.cluster[task_type])):
+                cmd = [sys.executable, "-m", "tfdist_trainer.cli", *[f"--gin_file={g}" for g in gin_files(self.config)],
+                       f"--model_dir={model_dir}", "--chief_gone_grace_s=5"]
+                self._spawn(f"{task_type}:{index}", cmd, self._env(task_type, index))
+
+    def wait_listening(self, timeout_s: float) -> None:
+        from tfdist_trainer.cluster import TaskAddress, is_listening
+        pending = {f"{t}:{i}": TaskAddress(t, i, a) for t in ("ps", "worker") for i, a in enumerate(self.cluster[t])}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            for role in list(pending):
+                if self.procs[role].poll() is not None:
+                    raise RuntimeError(f"{role} exited before it served; see {self.log_dir}")
+                if is_listening(pending[role], timeout=0.2):
+                    del pending[role]
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"{', '.join(pending)} did not listen within {timeout_s:g}s; logs in {self.log_dir}")
+            time.sleep(0.2)
+
+    def run_chief(self) -> dict:
+        spec = json.dumps({"cluster": self.cluster, "config": self.config})
+        argv = [a for a in sys.argv[1:] if not a.startswith("--chief")]
+        cmd = [sys.executable, "-m", "benchmarks.sharded_embedding", *argv, f"--chief={spec}"]
+        env = self._env("chief", 0)
+        env.pop("TF_CONFIG")
+        self._spawn("chief:0", cmd, env)
+        chief = self.procs["chief:0"]
+        deadline = time.monotonic() + self.args.chief_timeout_s
+        while chief.poll() is None:  # sample everyone's peak RSS while the chief works
+            self._sample()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {self.config} chief did not finish in {self.args.chief_timeout_s:g}s")
+            time.sleep(0.5)
+        self._sample()
+        with open(os.path.join(self.log_dir, "chief-0.log")) as f:
+            log = f.read()
+        lines = [l for l in log.splitlines() if l.startswith("RESULT ")]
+        if chief.returncode != 0 or not lines:
+            raise RuntimeError(f"the {self.config} chief exited {chief.returncode}:\n{log[-5000:]}")
+        return json.loads(lines[-1][len("RESULT "):])
+
+    def _sample(self) -> None:
+        for role, proc in self.procs.items():
+            if role.startswith("chief"):
+                continue
+            value = peak_rss_bytes(proc.pid)
+            if value is not None:
+                self.peak[role] = max(self.peak.get(role, 0), value)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(args: argparse.Namespace) -> dict:
+    _common.quiet_tensorflow()
+    out = os.path.abspath(args.out)
+    results = []
+    for config in args.configs:
+        run_dir = os.path.join(out, f"{NAME}_{config}")
+        cluster = Cluster(config, args, run_dir)
+        print(f"[{NAME}] {config}: chief + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
+              f"logs in {cluster.log_dir}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            cluster.start_servers()
+            cluster.wait_listening(args.startup_timeout_s)
+            result = cluster.run_chief()
+        finally:
+            cluster.stop()
+        result["peak_rss_bytes"] = dict(sorted(cluster.peak.items()))
+        result["wall_s"] = time.perf_counter() - t0
+        results.append(result)
+        print(format_row_report(result), flush=True)
+
+    payload = {
+        "benchmark": NAME,
+        "smoke": args.smoke,
+        "command": " ".join(["python -m benchmarks.sharded_embedding", *sys.argv[1:]]),
+        "config": {"configs": args.configs, "steps": args.steps, "steps_per_call": args.steps_per_call,
+                   "steps_per_loop": args.steps_per_loop, "warmup_steps": args.warmup_steps,
+                   "repeats": args.repeats, "num_workers": args.num_workers, "num_ps": args.num_ps,
+                   "batch_size": args.batch_size, "gin_bindings": args.gin_bindings, "strategy": "parameter_server"},
+        "environment": results[0]["environment"] if results else _common.environment(),
+        "results": {r["config"]: r for r in results},
+    }
+    if len(results) > 1:
+        base = results[0]
+        payload["ratios_vs_" + base["config"]] = {
+            r["config"]: {"table_bytes": r["table_bytes"] / base["table_bytes"],
+                          "steps_per_s": r["steps_per_s"] / base["steps_per_s"]} for r in results[1:]}
+    path = _common.write_json(out, NAME, payload)
+    print()
+    print(format_report(payload))
+    print(f"\n[{NAME}] wrote {path}", flush=True)
+    return payload
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f}"
+
+
+def format_row_report(r: dict) -> str:
+    peaks = ", ".join(f"{role} {_mib(v)} MiB" for role, v in r["peak_rss_bytes"].items())
+    return (f"[{NAME}] {r['config']}: {r['steps_per_s']:.1f} steps/s ({r['examples_per_s']:.0f} examples/s), "
+            f"{r['table_parameters'] / 1e6:.1f} M table parameters in {r['num_shards']} shards, built in "
+            f"{r['build_state_s']:.1f}s; peak RSS: {peaks}, chief {_mib(r['chief_peak_rss_bytes'])} MiB")
+
+
+def format_report(payload: dict) -> str:
+    cfg = payload["config"]
+    rows, bytes_rows = [], []
+    for name, r in payload["results"].items():
+        ps_peak = [v for role, v in r["peak_rss_bytes"].items() if role.startswith("ps")]
+        rows.append([name, f"{r['table_parameters'] / 1e6:,.1f}", r["num_shards"], r["batch_size"],
+                     f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                     f"{r['examples_per_s']:,.0f}", f"{r['build_state_s']:.1f}",
+                     f"{100 * r['ps_imbalance']:.1f}%", " / ".join(_mib(v) for v in ps_peak),
+                     _mib(r["chief_peak_rss_bytes"])])
+        bytes_rows.append([name, f"{r['ids_per_step']:,}", f"{r['distinct_ids_per_step']:,.0f}",
+                           f"{r['estimated_bytes_moved_per_step'] / 2**20:,.2f}",
+                           f"{r['table_bytes'] / 2**20:,.1f}", f"{r['moved_fraction_of_table']:.2e}",
+                           f"{r['dense_read_bytes_per_step'] / max(r['estimated_bytes_moved_per_step'], 1):,.0f}x"])
+    lines = [f"parameter_server: chief + {cfg['num_workers']} workers + {cfg['num_ps']} ps on 127.0.0.1, "
+             f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), "
+             f"steps_per_loop {cfg['steps_per_loop']}, {cfg['steps_per_call']} steps per call",
+             _common.format_table(["config", "table M params", "shards", "batch", "steps/s", "min..max",
+                                   "examples/s", "build s", "ps imbalance", "ps peak RSS MiB", "chief MiB"], rows),
+             "",
+             "bytes per step (estimate: distinct rows out + gradient rows back + int64 ids both ways) "
+             "vs the whole tables (a dense read and write per step would move 2x table bytes):",
+             _common.format_table(["config", "ids/step", "distinct ids/step", "MiB moved/step", "table MiB",
+                                   "moved / table", "dense / sparse"], bytes_rows)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.chief:
+        chief_main(args)
+        return 0
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
