@@ -66,6 +66,9 @@ def assert_trained(model_dir: str, steps: int, context: str = "") -> dict:
     # One writer only (the chief): steps strictly increase, no record is duplicated.
     assert train_steps == sorted(set(train_steps)), f"train records out of order or duplicated: {train_steps}"
     assert train[0]["loss"] > train[-1]["loss"], f"loss did not fall: {[r['loss'] for r in train]}"
+    # Metrics updated by concurrent parameter_server workers must not lose updates (Keras 3's
+    # read-modify-write assign_add once let accuracy exceed 1 there).
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in train), f"train accuracy out of [0, 1]: {train}"
     assert train[-1]["step"] == steps, f"last train record at step {train[-1]['step']}, want {steps}"
     assert evals, f"no eval record in {model_dir}/metrics.jsonl"
     assert evals[-1]["step"] == steps, f"last eval at step {evals[-1]['step']}, want {steps}"

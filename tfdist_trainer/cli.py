@@ -89,7 +89,7 @@ def main(argv: list[str]) -> None:
     else:
         os.environ.pop("TF_CONFIG", None)
     try:
-        os.makedirs(FLAGS.model_dir, exist_ok=True)
+        os.makedirs(FLAGS.model_dir, mode=0o700, exist_ok=True)  # user-only: logs, config, weights
     except OSError as e:  # e.g. a file by that name, or no permission: one sentence, not a traceback
         _fail(role, f"--model_dir {FLAGS.model_dir} cannot be used as a directory ({e.strerror}); "
                     f"pick another path.", EXIT_CONFIG)

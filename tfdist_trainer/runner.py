@@ -140,6 +140,8 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
         trainer.model = build_model(trainer, strategy_config)
         trainer.train_metrics = trainer.build_metrics()
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
+        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+            _atomic_metric_updates(trainer.train_metrics + trainer.eval_metrics)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         items = {"model": trainer.model, "global_step": global_step}
@@ -246,13 +248,29 @@ class RunContext:
 
 
 def _max_over_workers_fn(strategy: tf.distribute.Strategy):
-    """An int -> int function giving the maximum over all synchronous workers (a collective)."""
+    """An int -> int function giving the maximum over all synchronous replicas (a collective)."""
     @tf.function
     def max_over_workers(value):
-        votes = strategy.run(lambda: tf.identity(value))
-        return strategy.reduce(tf.distribute.ReduceOp.MAX, votes, axis=None)
+        votes = strategy.run(lambda: tf.reshape(value, [1]))
+        return tf.reduce_max(strategy.gather(votes, axis=0))  # ReduceOp has no MAX
 
     return lambda value: int(max_over_workers(tf.constant(value, tf.int64)))
+
+
+def _atomic_metric_updates(metrics: Sequence[keras.metrics.Metric]) -> None:
+    """Makes metric accumulators add atomically under parameter_server.
+
+    Keras 3 implements `assign_add` as `assign(read + value)`, so workers
+    updating the same ps variable at once lose updates, and accuracy can
+    exceed 1 (total and count lose different amounts). TF's own assign_add
+    on the underlying variable is atomic on the ps.
+    """
+    for metric in metrics:
+        for variable in metric.variables:
+            backing = getattr(variable, "_value", None)
+            if isinstance(backing, tf.Variable):
+                variable.assign_add = (lambda value, v=variable, b=backing:
+                                       b.assign_add(tf.cast(value, b.dtype)))
 
 
 class _TerminationSignal:
