@@ -39,7 +39,7 @@ TIMEOUT_S = 240
 PSS_STEPS_PER_LOOP = 10
 TABLE_PATH = "/tmp/durability_table.txt"
 
-#: One row per fault: (fault, step at kill, restored step, steps lost, seconds to recover).
+#: One row per fault: (fault, step at fault, step resumed from, steps lost, seconds to recover).
 FAULTS: list[tuple[str, str, str, str, str]] = []
 
 
@@ -51,7 +51,7 @@ def fault_table(request):
     yield FAULTS
     if not FAULTS:
         return
-    header = ("fault", "step at kill", "restored step", "steps lost", "s to recover")
+    header = ("fault", "step at fault", "resumed from", "steps lost", "s to recover")
     widths = [max(len(str(row[i])) for row in [header, *FAULTS]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *FAULTS]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -83,7 +83,7 @@ def record_fault(fault: str, *, step_at_kill, restored, steps_lost, recover_s) -
         return f"{value:.1f}" if isinstance(value, float) else str(value)
     row = (fault, fmt(step_at_kill), fmt(restored), fmt(steps_lost), fmt(recover_s))
     FAULTS.append(row)
-    print(f"\n[durability] {fault}: step at kill {row[1]}, restored step {row[2]}, steps lost {row[3]}, "
+    print(f"\n[durability] {fault}: step at fault {row[1]}, resumed from {row[2]}, steps lost {row[3]}, "
           f"seconds to recover {row[4]}", flush=True)
 
 
@@ -116,6 +116,7 @@ class Job:
         except ProcessLookupError:
             pass
         self.proc.wait()
+        self._out.close()
 
     def task_pid(self, role: str) -> int:
         """The pid of a task's current process, from the launcher's '[launch] started <role> (pid P' lines."""
@@ -171,18 +172,19 @@ def step_before(records: list[dict], kill_time: float) -> int:
     return max(before)
 
 
-def first_record_after(records: list[dict], kill_time: float) -> dict:
+def first_record_after(records: list[dict], kill_time: float, restored: int | None = None) -> dict:
     """The first train record of the job that carried on after the kill.
 
     A resumed run replays steps, so its records start after the last drop in
-    the recorded steps (if any); a record written after the kill by a dying
-    task therefore never counts as recovery.
+    the recorded steps (if any), and each is past the restored step; so a
+    record the dying task wrote after the signal (e.g. while saving on SIGTERM)
+    never counts as recovery.
     """
     start = 0
     for i in range(1, len(records)):
         if records[i]["step"] <= records[i - 1]["step"]:
             start = i
-    after = [r for r in records[start:] if r["time"] > kill_time]
+    after = [r for r in records[start:] if r["time"] > kill_time and (restored is None or r["step"] > restored)]
     assert after, f"no train record after the kill: {records}"
     return after[0]
 
@@ -262,6 +264,7 @@ def test_pss_worker_sigkill_is_absorbed(tmp_path):
     out = job.output()
     assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
     assert re.search(r"worker:1 exited with code 137; restarting worker:1 in", out), out[-6000:]
+    assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
     records = assert_finished_at(model_dir, PSS_STEPS, out)
     killed_at = step_before(records, kill_time)
     assert killed_at < PSS_STEPS, "the worker was killed after training ended; the fault was not exercised"
@@ -272,7 +275,8 @@ def test_pss_worker_sigkill_is_absorbed(tmp_path):
     steps = [r["step"] for r in records]
     assert steps == sorted(set(steps)), steps
     recover_s = first_record_after(records, kill_time)["time"] - kill_time
-    record_fault("pss: SIGKILL worker:1", step_at_kill=killed_at, restored=None, steps_lost=0, recover_s=recover_s)
+    record_fault("pss: SIGKILL worker:1", step_at_kill=killed_at, restored="- (no restart)", steps_lost=0,
+                 recover_s=recover_s)
 
 
 # -- 2. parameter_server: the ps is killed ---------------------------------------
@@ -295,10 +299,12 @@ def test_pss_ps_sigkill_resumes_from_last_checkpoint(tmp_path):
     finally:
         job.kill_group()
     out = job.output()
-    if code != 0 and "restarting chief:0, ps:0" in out and not restored_steps(read_log(model_dir, "chief:0")):
-        pytest.xfail("library: after a ps restart the new chief never resumed training (see report)")
     assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
-    assert re.search(r"ps:0 exited with code 137; restarting (chief:0, ps:0|ps:0, chief:0) in", out), out[-6000:]
+    # The launcher may notice the dead ps (137) or the chief that lost it (200) first; either way
+    # chief and ps restart together, once.
+    assert re.search(r"(ps:0 exited with code 137|chief:0 exited with code 200); restarting chief:0, ps:0 in",
+                     out), out[-6000:]
+    assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
     records = assert_finished_at(model_dir, PSS_STEPS, out)
     killed_at = step_before(records, kill_time)
     assert killed_at < PSS_STEPS, "the ps was killed after training ended; the fault was not exercised"
@@ -309,7 +315,7 @@ def test_pss_ps_sigkill_resumes_from_last_checkpoint(tmp_path):
     steps_lost = killed_at - restored
     assert 0 <= steps_lost <= PSS_CHECKPOINT_EVERY, \
         f"resumed from step {restored} after a kill at step {killed_at}: more than one checkpoint interval redone"
-    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
     record_fault("pss: SIGKILL ps:0", step_at_kill=killed_at, restored=restored, steps_lost=steps_lost,
                  recover_s=recover_s)
 
@@ -343,7 +349,11 @@ def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
         job.kill_group()
     out = job.output()
     assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
-    assert re.search(r"worker:1 exited with code 137; restarting worker:0, worker:1 in", out), out[-6000:]
+    # worker:1 (137), or worker:0 whose collective lost its peer (200), is noticed first; either
+    # way all workers restart together, once.
+    assert re.search(r"(worker:1 exited with code 137|worker:0 exited with code 200); "
+                     r"restarting worker:0, worker:1 in", out), out[-6000:]
+    assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
     records = assert_finished_at(model_dir, MWMS_STEPS, out)
     killed_at = step_before(records, kill_time)
     assert killed_at < MWMS_STEPS, "the worker was killed after training ended; the fault was not exercised"
@@ -357,7 +367,7 @@ def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
     assert prints["worker:0"] == prints["worker:1"] and prints["worker:0"][0] == MWMS_STEPS, \
         f"workers disagree after the restart: {prints}"
     assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), "throw-away checkpoints were left"
-    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
     record_fault("mwms: SIGKILL worker:1", step_at_kill=killed_at, restored=restored, steps_lost=steps_lost,
                  recover_s=recover_s)
 
@@ -397,7 +407,7 @@ def test_one_device_chief_sigkill_then_rerun_resumes(tmp_path):
     records = assert_finished_at(model_dir, steps, out)
     steps_lost = killed_at - restored
     assert 0 <= steps_lost <= every, (killed_at, restored)
-    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
     record_fault("one_device: SIGKILL chief, rerun", step_at_kill=killed_at, restored=restored,
                  steps_lost=steps_lost, recover_s=recover_s)
 
@@ -416,7 +426,7 @@ def temp_checkpoint(model_dir: str) -> str | None:
 @pytest.mark.cluster
 def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
     """A large Dense layer makes each save take a while; SIGKILL lands while '<ckpt>_temp' exists."""
-    steps, every = 60, 5
+    steps, every = 40, 5
     extra = ("--gin_bindings=MnistTrainer.dense_units=4096", f"--gin_bindings=train.steps_per_loop={every}")
     for attempt in range(1, 6):
         model_dir = str(tmp_path / f"model{attempt}")
@@ -463,7 +473,9 @@ def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
     for step in checkpoint_steps(model_dir):
         reader = tf.train.load_checkpoint(os.path.join(model_dir, f"ckpt-{step}"))
         assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == step
-    recover_s = first_record_after(records, kill_time)["time"] - kill_time
+    # The half-written checkpoint's temporary directory was cleaned up by the restart.
+    assert not [n for n in os.listdir(model_dir) if "_temp" in n], os.listdir(model_dir)
+    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
     record_fault("one_device: SIGKILL during ckpt write", step_at_kill=killed_at, restored=restored,
                  steps_lost=killed_at - restored, recover_s=recover_s)
 
@@ -534,15 +546,18 @@ def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints_finite(tmp_path, s
     records = train_records(model_dir)
     assert all(math.isfinite(r["loss"]) for r in records), records
     assert all(r["step"] < NAN_STEP for r in records), "a train record was written after the NaN"
-    record_fault(f"{strategy}: NaN loss at step {NAN_STEP} (stops, exit 1)", step_at_kill=NAN_STEP,
-                 restored=max(steps), steps_lost=NAN_STEP - 1 - max(steps), recover_s=None)
+    # Not resumed (a NaN is a bug to fix, not a fault to retry): 'lost' is the good work after the
+    # last kept checkpoint, which a rerun (e.g. with NanGuard.max_retries) would redo.
+    record_fault(f"{strategy}: NaN loss (stops, exit 1)", step_at_kill=NAN_STEP,
+                 restored=f"- (kept ckpt-{max(steps)})", steps_lost=NAN_STEP - 1 - max(steps),
+                 recover_s="n/a (exit 1)")
 
 
 # -- 7. the evaluator side-car ------------------------------------------------------
 
 @pytest.mark.cluster
 def test_evaluator_sidecar_follows_checkpoints_and_exits(tmp_path):
-    steps, every = 300, 50
+    steps, every = 200, 50
     model_dir = str(tmp_path / "model")
     result = clusterlib.run(launch_cmd(["--num_workers=2", "--num_ps=1", "--evaluator"],
                                        mnist_args("parameter_server", model_dir, steps, log_every=50,
@@ -575,13 +590,14 @@ def test_evaluator_sidecar_follows_checkpoints_and_exits(tmp_path):
 
 # -- 8. preempted (SIGTERM) and resumed ≈ uninterrupted ------------------------------
 
-#: Final eval loss of a resumed run vs. an uninterrupted one with the same seed. They differ only in
-#: the data order after the restart (the input pipeline restarts its seeded shuffle), i.e. by no
-#: more than two runs with different seeds. Measured over seeds 42-44 at 400 steps on this
-#: configuration, final eval losses are ~0.06-0.09 (spread ~0.03), so 0.1 absolute is ~3x the
-#: seed-to-seed spread while still far below the untrained loss (~2.3) and the loss at the
-#: SIGTERM step (~0.3): a resume from scratch or from a wrong checkpoint would fail it.
-RESUME_TOLERANCE = 0.1
+#: Final eval loss of a resumed run vs. an uninterrupted one with the same seed. They differ only
+#: in the data order after the restart (the input pipeline restarts its seeded shuffle), so they
+#: should agree as closely as two runs with different seeds. Measured on this configuration
+#: (400 steps): seeds 1, 2, 3, 4, 42 end at eval loss 0.064, 0.068, 0.051, 0.065, 0.058 (range
+#: 0.017), while a resume that lost the first 160 steps (= 240 steps of training) ends at 0.102 and
+#: the model at the SIGTERM step (160) has 0.176. 0.03 absolute is ~2x the seed range yet fails
+#: a resume that silently lost its progress (|0.102 - 0.058| = 0.044).
+RESUME_TOLERANCE = 0.03
 
 
 @pytest.mark.cluster
@@ -591,10 +607,9 @@ def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
         return train_cmd(*mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=100,
                                      extra=("--gin_bindings=train.seed=42",)))
 
+    # The uninterrupted run goes alongside the first (interrupted) one, to save wall time.
     base_dir = str(tmp_path / "uninterrupted")
-    base = clusterlib.run(cmd(base_dir), timeout=TIMEOUT_S)
-    assert base.returncode == 0, base.stdout[-6000:]
-
+    base = Job(cmd(base_dir), str(tmp_path / "uninterrupted.out"))
     model_dir = str(tmp_path / "resumed")
     first = Job(cmd(model_dir), str(tmp_path / "run1.out"))
     try:
@@ -602,8 +617,12 @@ def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
         first.proc.send_signal(signal.SIGTERM)
         kill_time = time.time()
         code = first.wait()
+        exit_time = time.time()
+        base_code = base.wait()
     finally:
         first.kill_group()
+        base.kill_group()
+    assert base_code == 0, base.output()[-6000:]
     out1 = first.output()
     assert code == 143, f"SIGTERM exit code {code}, want 143:\n{out1[-4000:]}"
     stopped = re.search(r"stopped by SIGTERM at step (\d+) after saving a checkpoint", out1)
@@ -611,6 +630,7 @@ def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
     stopped = int(stopped.group(1))
     assert 150 <= stopped < steps and latest_step(model_dir) == stopped
 
+    rerun_time = time.time()
     second = Job(cmd(model_dir), str(tmp_path / "run2.out"))
     try:
         code = second.wait()
@@ -630,6 +650,7 @@ def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
     print(f"[durability] final eval loss: uninterrupted {base_loss:.4f}, resumed {resumed_loss:.4f}")
     assert abs(resumed_loss - base_loss) <= RESUME_TOLERANCE, (base_loss, resumed_loss)
     killed_at = step_before(records, kill_time)
-    recover_s = first_record_after(records, kill_time)["time"] - kill_time
-    record_fault("one_device: SIGTERM (preempted), rerun", step_at_kill=max(killed_at, stopped), restored=stopped,
-                 steps_lost=max(killed_at, stopped) - stopped, recover_s=recover_s)
+    # SIGTERM -> exit, plus rerun start -> its first record (not the wait for the uninterrupted run).
+    recover_s = (exit_time - kill_time) + (first_record_after(records, rerun_time, stopped)["time"] - rerun_time)
+    record_fault("one_device: SIGTERM (saves, exit 143), rerun", step_at_kill=f"{killed_at} (saved {stopped})",
+                 restored=stopped, steps_lost=0, recover_s=recover_s)

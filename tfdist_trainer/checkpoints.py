@@ -32,7 +32,16 @@ class Checkpointer:
         self._last_saved_step = 0
 
     def restore(self) -> int | None:
-        """Restores the chief's latest checkpoint; returns its step, or None on a fresh start."""
+        """Restores the chief's latest checkpoint; returns its step, or None on a fresh start.
+
+        A save killed half-way leaves only a ``ckpt-N_temp`` directory, never a
+        `checkpoint` entry, so the previous checkpoint is what comes back; the
+        chief removes such leftovers.
+        """
+        if self.is_writer:
+            for leftover in tf.io.gfile.glob(os.path.join(self.model_dir, "ckpt-*_temp")):
+                logging.info("removing %s, left by a save that did not finish", leftover)
+                tf.io.gfile.rmtree(leftover)
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is None:
             return None
