@@ -8,20 +8,24 @@ by those addresses. The model_dir is shared through the filesystem, as an NFS
 mount or a bucket would be. Nothing of the LAN is visible from the host's
 own namespace.
 
-The partition test takes a worker's link down in the middle of a
-parameter_server run. What happens then, and what the test checks:
+The partition test takes worker:1's link down in the middle of a
+parameter_server run and brings it back PARTITION_S seconds later (a flapping
+switch port, a rebooted top-of-rack switch): the realistic partition, and the
+one a job can survive. What happens, measured on TF 2.21:
 
-* The coordinator's RPCs to the cut-off worker fail or time out; it marks the
-  worker as failed and re-runs that worker's closures on the other worker, as
-  when a worker process is killed. Training goes on.
-* The link comes back after PARTITION_S seconds (a flapping switch port, a
-  rebooted top-of-rack switch). The worker process never died: the
-  coordinator reconnects to it, and it serves again. Leaving the link down
-  for good is also survivable (the coordinator keeps going on the other
-  worker; the cut-off worker exits 0 once the chief writes `training_done`
-  to the shared model_dir, or after --chief_gone_grace_s), but a partition
-  that never heals is a dead machine; the killed-worker tests cover that.
-* The run ends exactly at train_steps, with one chief (no restore).
+* TensorFlow's gRPC channels have no keepalive, so the coordinator does not
+  notice a silent partition: the closure in flight on worker:1 simply waits
+  (TCP retransmits) and the chief stalls. When the link is back, the TCP
+  connection resumes, the closure completes, and training goes on; when TCP
+  gave up meanwhile (it does when the chief had unacknowledged data on the
+  link), the coordinator takes the killed-worker path instead: "Worker 1
+  failed", the closure is put back and re-run on worker:0. Either way the run
+  ends exactly at train_steps, with one chief and no restore, and worker:1
+  keeps serving (its --chief_gone_grace_s is longer than the partition).
+* A partition that never heals is not survivable by waiting: with no data in
+  flight nothing ever times out and the chief waits forever, even after the
+  cut-off worker exits. BUILD.md (Troubleshooting) says what to do; the
+  killed-worker tests in test_durability.py cover the recovery.
 
 Needs root and iproute2 (`ip netns`); each test skips with the reason when
 either is missing or namespaces are not permitted (e.g. in a container
@@ -30,6 +34,7 @@ without CAP_SYS_ADMIN).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -48,9 +53,9 @@ PSS_STEPS_PER_LOOP = 10
 TIMEOUT_S = 300
 MIN_EVAL_ACCURACY = 0.6   # 150 steps on the digits set reach ~0.9; chance is 0.1
 
-PARTITION_STEPS = 400     # long enough that the partition lands mid-run on a busy 2-core machine
+PARTITION_STEPS = 300     # long enough that the partition lands mid-run on a busy 2-core machine
 PARTITION_AT_STEP = 60
-PARTITION_S = 8
+PARTITION_S = 6
 
 
 def _skip_reason() -> str | None:
@@ -179,11 +184,23 @@ def test_multi_worker_mirrored_across_two_hosts(make_lan, tmp_path):
     assert "strategy multi_worker_mirrored with 2 replica(s) in sync" in logs
 
 
+def _read_jsonl(path: str) -> list[dict]:
+    """Records of a file that may be being appended to (a torn last line is skipped)."""
+    records = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return records
+
+
 def _wait_for_step(hand: HandCluster, model_dir: str, step: int, timeout: float = TIMEOUT_S) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        train = [r for r in clusterlib.read_records(model_dir) if r.get("kind") == "train"] \
-            if os.path.exists(os.path.join(model_dir, "metrics.jsonl")) else []
+        train = [r for r in _read_jsonl(os.path.join(model_dir, "metrics.jsonl")) if r.get("kind") == "train"]
         if train and train[-1]["step"] >= step:
             return time.time()
         dead = {role: p.returncode for role, p in hand.procs.items() if p.poll() is not None}
@@ -195,7 +212,8 @@ def _wait_for_step(hand: HandCluster, model_dir: str, step: int, timeout: float 
 
 @pytest.mark.cluster
 def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
-    """worker:1's link goes down mid-run for PARTITION_S seconds; the run ends exactly at train_steps."""
+    """worker:1's link goes down mid-run for PARTITION_S seconds; the run ends exactly at train_steps,
+    without a restart or a restore."""
     layout = {"chief": 1, "worker": 2, "ps": 1}
     lan = make_lan(hosts_of(layout))
     model_dir = str(tmp_path / "model")
@@ -217,12 +235,16 @@ def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
     logs = logs_of(hand)
     assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
     train = assert_finished(model_dir, PARTITION_STEPS, logs)
-    before = [r["step"] for r in train if r["time"] <= cut_at]
-    during = [r["step"] for r in train if cut_at < r["time"] <= healed_at]
-    assert before and before[-1] < PARTITION_STEPS, "the partition came after training ended"
-    assert during, f"no progress while worker:1 was cut off: {[(r['step'], r['time']) for r in train]}\n{logs}"
+    before = [r for r in train if r["time"] <= cut_at]
+    after = [r for r in train if r["time"] > healed_at]
+    assert before and before[-1]["step"] < PARTITION_STEPS, "the partition came after training ended"
+    assert after, f"no progress after the link came back: {[(r['step'], r['time']) for r in train]}"
     chief_log = hand.log("chief:0")
     assert "restored" not in chief_log, "the chief restarted although only a worker's link went down"
     assert f"training done at step {PARTITION_STEPS}" in chief_log
-    print(f"\n[multihost] partition of worker:1 at step {before[-1]} for {PARTITION_S}s; "
-          f"steps while cut off: {during[0]}..{during[-1]}")
+    assert "the chief marked training done" in hand.log("worker:1"), "worker:1 did not serve to the end"
+    resumed = next(r for r in train if r["time"] > cut_at and r["step"] > before[-1]["step"])
+    how = ("the coordinator re-ran worker:1's closure on worker:0" if "Putting back a closure" in chief_log
+           else "the coordinator waited for the link (no failure detected)")
+    print(f"\n[multihost] worker:1 cut off at step {before[-1]['step']} for {PARTITION_S}s; next record "
+          f"{resumed['time'] - cut_at:.1f}s after the cut; {how}")

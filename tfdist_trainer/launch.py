@@ -10,6 +10,15 @@ its role and copied to ``model_dir/logs/<role>.log``. The launcher exits with
 the job's exit code and never leaves a process behind: tasks run in their
 own process groups and get SIGTERM, then SIGKILL after a grace period
 (a multi_worker_mirrored task ignores SIGTERM).
+
+With ``--private_network`` the whole cluster runs in a fresh network
+namespace that holds only a loopback device (tfdist_trainer.netns): the
+tasks' gRPC ports, which have no authentication, cannot be reached from the
+host's network. The launcher creates the namespace, runs itself inside it,
+and deletes it when the job ends, fails or is interrupted.
+
+With ``--emit=k8s`` nothing runs: the launcher writes the Kubernetes
+manifests of the same job (tfdist_trainer.k8s) to stdout or ``--emit_file``.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +48,37 @@ flags.DEFINE_enum("restart_policy", "Never", ["Never", "OnFailure", "ExitCode"],
                   "Like Kubeflow: restart failed tasks never, on any failure, or on exit codes 128-255.")
 flags.DEFINE_integer("backoff_limit", 3, "Restarts allowed in the whole job before it fails.")
 flags.DEFINE_float("restart_backoff_s", 1.0, "Delay before the first restart; doubles with each restart.")
+# -- security: a private network for the local cluster
+flags.DEFINE_boolean("private_network", False,
+                     "Run every task inside a fresh network namespace with only loopback, so that the tasks' "
+                     "unauthenticated gRPC ports cannot be reached from this host's network.")
+flags.DEFINE_enum("private_network_via", "auto", ["auto", "netns", "unshare"],
+                  "How to make the private network: netns (root and iproute2: `ip netns`), unshare (an "
+                  "unprivileged user + network namespace, `unshare -rn`), or auto (netns, else unshare).")
+flags.DEFINE_boolean("in_private_network", False,
+                     "Internal: set by --private_network on the launcher it starts inside the namespace.")
+# -- Kubernetes manifests instead of a local run
+flags.DEFINE_enum("emit", None, ["k8s"], "Write Kubernetes manifests of this job instead of running it.")
+flags.DEFINE_string("emit_file", None, "Write the manifests to this file instead of stdout.")
+flags.DEFINE_enum("k8s_flavor", "tfjob", ["tfjob", "indexed"],
+                  "tfjob: a Kubeflow TFJob; indexed: plain Kubernetes (an Indexed Job per task type and a "
+                  "headless Service).")
+flags.DEFINE_enum("k8s_format", "yaml", ["yaml", "json"], "Manifest format (json: one v1 List).")
+flags.DEFINE_string("image", None, "Container image with tfdist_trainer, your Trainer and your gin files.")
+flags.DEFINE_string("image_pull_policy", None, "imagePullPolicy of the containers (Always, IfNotPresent, Never).")
+flags.DEFINE_string("k8s_name", None, "Name of the job's Kubernetes objects (default: from --model_dir).")
+flags.DEFINE_string("k8s_namespace", None, "Kubernetes namespace of the objects (default: kubectl's).")
+flags.DEFINE_string("cpu", None, "CPU request of every task, e.g. '4'.")
+flags.DEFINE_string("memory", None, "Memory request and limit of every task, e.g. '8Gi'.")
+flags.DEFINE_integer("gpus", 0, "GPUs (nvidia.com/gpu) of every task that runs steps (not ps, not a "
+                                "parameter_server chief).")
+flags.DEFINE_integer("k8s_port", 2222, "The tasks' gRPC port in the pods.")
+flags.DEFINE_string("k8s_volume", None, "CLAIM:/mount/path: a PersistentVolumeClaim mounted in every pod "
+                                        "(for a shared --model_dir).")
+
+#: The launcher's own flags that a launcher inside the private network gets again.
+_FORWARDED_FLAGS = ("num_workers", "num_ps", "evaluator", "host", "startup_timeout_s", "grace_s",
+                    "restart_policy", "backoff_limit", "restart_backoff_s")
 
 EXIT_CONFIG = 2
 
@@ -79,13 +120,12 @@ def plan_tasks(strategy_config, *, num_workers: int, num_ps: int, evaluator: boo
     """The tasks of the local cluster, each with a free port."""
     import portpicker
 
-    from tfdist_trainer.cluster import EVALUATOR, ClusterConfig
+    from tfdist_trainer.cluster import ClusterConfig
+    from tfdist_trainer.k8s import task_layout
     from tfdist_trainer.strategies import Action
 
-    layout = strategy_config.launch_layout(num_workers=num_workers, num_ps=num_ps)
-    layout = {t: n for t, n in layout.items() if n > 0}
-    if evaluator:
-        layout[EVALUATOR] = 1
+    # The same layout as the Kubernetes manifests (--emit=k8s) of this job.
+    layout = task_layout(strategy_config, num_workers=num_workers, num_ps=num_ps, evaluator=evaluator)
     multi_task = sum(layout.values()) > 1
     tasks = []
     cluster = {t: [f"{host}:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items()}
@@ -151,7 +191,7 @@ class LocalCluster:
         self._started_at: dict[str, float] = {}
 
     def start(self) -> None:
-        os.makedirs(self.log_dir, exist_ok=True)
+        make_private_dir(self.log_dir)
         for task in self.tasks:
             self._spawn(task)
 
@@ -180,7 +220,8 @@ class LocalCluster:
     def _pump(self, task: LocalTask, process: subprocess.Popen) -> None:
         # A lone process calls itself 'local'; a cluster task already prints its own role.
         own_prefixes = (f"[{task.role}]", "[local]")
-        with open(task.log_path, "ab") as log:
+        with os.fdopen(os.open(task.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+            os.chmod(task.log_path, 0o600)
             for raw in iter(process.stdout.readline, b""):
                 log.write(raw)
                 log.flush()
@@ -264,6 +305,16 @@ class LocalCluster:
             reader.join(timeout=5)
 
 
+def make_private_dir(path: str) -> None:
+    """Creates `path` (and missing parents) readable by this user only; tightens it if it exists.
+
+    Logs may hold paths, hostnames and anything a Trainer prints: other users
+    of the machine have no business reading them.
+    """
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(process.pid, sig)
@@ -280,9 +331,156 @@ def _raise_interrupted(signum, frame):
     raise _Interrupted(signum)
 
 
+def _error(message: str) -> None:
+    print(f"[launch] error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_CONFIG)
+
+
+def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
+    """--emit=k8s: writes the job's Kubernetes manifests; starts nothing."""
+    from tfdist_trainer import k8s
+    from tfdist_trainer.config import ConfigError, load_experiment
+    try:
+        if FLAGS.num_workers < 0 or FLAGS.num_ps < 0:
+            raise ConfigError("--num_workers and --num_ps must be >= 0.")
+        if not settings.model_dir:
+            raise ConfigError("--model_dir is required after '--' (every pod needs the same shared one, e.g. "
+                              "gs://bucket/run1 or a path on --k8s_volume).")
+        if not FLAGS.image:
+            raise ConfigError("--image is required with --emit=k8s; name an image that has tfdist_trainer, "
+                              "your Trainer and your gin files installed.")
+        k8s.check_train_args(train_args)
+        experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
+        name = FLAGS.k8s_name or k8s.dns_label(os.path.basename(os.path.normpath(settings.model_dir)) or "tfdist")
+        restart_policy = FLAGS.restart_policy if FLAGS["restart_policy"].present else "ExitCode"
+        objects = k8s.manifests(
+            strategy_config=experiment.strategy_config, name=name, image=FLAGS.image, train_args=train_args,
+            flavor=FLAGS.k8s_flavor, num_workers=FLAGS.num_workers, num_ps=FLAGS.num_ps,
+            evaluator=FLAGS.evaluator, namespace=FLAGS.k8s_namespace, cpu=FLAGS.cpu, memory=FLAGS.memory,
+            gpus=FLAGS.gpus, port=FLAGS.k8s_port, restart_policy=restart_policy,
+            backoff_limit=FLAGS.backoff_limit, volume=FLAGS.k8s_volume,
+            image_pull_policy=FLAGS.image_pull_policy)
+    except ValueError as e:  # ConfigError, ClusterConfigError and ManifestError are ValueErrors
+        _error(str(e))
+    text = k8s.to_yaml(objects) if FLAGS.k8s_format == "yaml" else k8s.to_json(objects)
+    shared = settings.model_dir.startswith(("gs://", "s3://", "hdfs://")) or (
+        FLAGS.k8s_volume and settings.model_dir.startswith(FLAGS.k8s_volume.partition(":")[2].rstrip("/") + "/"))
+    notes = [f"{', '.join(o['kind'] for o in objects)} for {experiment.strategy_config.name}; apply with "
+             f"kubectl apply -f"]
+    if not shared:
+        notes.append(f"--model_dir {settings.model_dir} must be storage every pod shares (a bucket, or a path "
+                     f"under --k8s_volume)")
+    if FLAGS.emit_file:
+        try:
+            with open(FLAGS.emit_file, "w") as f:
+                f.write(text)
+        except OSError as e:
+            _error(f"--emit_file {FLAGS.emit_file} cannot be written ({e.strerror}); pick another path.")
+        notes[0] = f"wrote {FLAGS.emit_file}: " + notes[0]
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    for note in notes:
+        print(f"[launch] {note}", file=sys.stderr, flush=True)
+
+
+def run_in_private_network(train_args: list[str]) -> int:
+    """--private_network: runs this launcher again inside a fresh network namespace; returns its exit code.
+
+    The namespace holds only loopback: the tasks reach each other on
+    127.0.0.1, and nothing outside it can reach them. It is deleted (with
+    anything still running in it) however the job ends.
+    """
+    from tfdist_trainer import netns
+
+    if FLAGS.host not in ("127.0.0.1", "localhost"):
+        _error(f"--host={FLAGS.host} cannot be reached inside a private network, which has only loopback; "
+               f"drop --host or --private_network.")
+    method, reason = netns.private_network_method(FLAGS.private_network_via)
+    if reason:
+        _error(f"--private_network cannot create a network namespace: {reason}; run as root with iproute2, "
+               f"or allow unprivileged user namespaces, or drop --private_network.")
+    inner = [sys.executable, "-m", "tfdist_trainer.launch",
+             *(FLAGS[name].serialize() for name in _FORWARDED_FLAGS if FLAGS[name].present),
+             "--in_private_network", "--", *train_args]
+    namespace = None
+    if method == "netns":
+        netns.sweep_stale()
+        try:
+            namespace = netns.Namespace("launch").create()
+        except netns.NetnsError as e:
+            _error(f"--private_network: {e}")
+        command = [*namespace.exec_prefix(), *inner]
+        _say(f"private network: namespace {namespace.name}, loopback only; its ports cannot be reached from "
+             f"this host's network")
+    else:
+        command = [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--", *inner]
+        _say("private network: a new user and network namespace (unshare -rn), loopback only; its ports "
+             "cannot be reached from this host's network")
+    inode = None
+    interrupted: list[int] = []
+    started: list[subprocess.Popen] = []
+
+    def forward(signum, frame):  # Ctrl-C reaches only this process: the inner launcher has its own session
+        interrupted.append(signum)
+        if started:
+            _signal_group(started[0], signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True)
+        started.append(process)
+        if interrupted:  # a signal that came before the inner launcher existed
+            _signal_group(process, interrupted[0])
+        for _ in range(100):  # the inner launcher's namespace, to find anything left in it at the end
+            current = netns.netns_inode(process.pid)
+            if current is None or current != netns.netns_inode():
+                inode = current
+                break
+            time.sleep(0.05)
+        while True:
+            try:
+                code = exit_code(process.wait(timeout=1.0))
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for process in started:
+            if process.poll() is None:  # only on an unexpected error here: let it stop its cluster first
+                _signal_group(process, signal.SIGTERM)
+                try:
+                    process.wait(timeout=2 * FLAGS.grace_s + 10)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process, signal.SIGKILL)
+                    process.wait()
+        if namespace is not None:
+            left = namespace.pids()
+            namespace.delete()
+            _say(f"deleted namespace {namespace.name}" + (f" (killed {len(left)} leftover processes)" if left else ""))
+        elif inode is not None:
+            left = netns.pids_in_netns(inode)
+            netns.kill_pids(left)
+            if left:
+                _say(f"killed {len(left)} leftover processes of the private network")
+    if interrupted and code == 0:
+        code = 128 + interrupted[0]
+    return code
+
+
 def main(argv: list[str]) -> None:
     train_args = argv[1:]
     settings = _passthrough_settings(train_args)
+    if FLAGS.emit:
+        emit_manifests(train_args, settings)
+        return
+    if FLAGS.private_network and not FLAGS.in_private_network:
+        sys.exit(run_in_private_network(train_args))
+    if FLAGS.in_private_network:
+        from tfdist_trainer import netns
+        netns.bring_loopback_up()  # `ip netns add` set it up already; `unshare -n` did not
     from tfdist_trainer.cluster import ClusterConfigError
     from tfdist_trainer.config import ConfigError, load_experiment
     try:
@@ -295,7 +493,9 @@ def main(argv: list[str]) -> None:
         tasks, cluster = plan_tasks(experiment.strategy_config, num_workers=FLAGS.num_workers,
                                     num_ps=FLAGS.num_ps, evaluator=FLAGS.evaluator, host=FLAGS.host)
         try:  # a file by that name, or no permission: one sentence here, not a traceback from start()
-            os.makedirs(os.path.join(settings.model_dir, "logs"), exist_ok=True)
+            if not os.path.isdir(settings.model_dir):
+                make_private_dir(settings.model_dir)  # a model_dir we create is this user's only
+            make_private_dir(os.path.join(settings.model_dir, "logs"))
         except OSError as e:
             raise ConfigError(f"--model_dir {settings.model_dir} cannot be used as a directory ({e.strerror}); "
                               f"pick another path.") from None

@@ -319,3 +319,39 @@ def connect(host: str, port: int, timeout: float = 2.0) -> int:
         return errno.ETIMEDOUT
     except OSError as e:
         return e.errno or -1
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def connect_in_netns_of(pid: int, host: str, port: int, timeout: float = 2.0) -> int:
+    """`connect` from inside the network namespace of process `pid` (root): 0, or the errno.
+
+    Runs in a short-lived thread that joins the namespace with setns(2), so this
+    process's own network stays as it was. Useful to probe a task that runs in
+    a private network, which the host's namespace cannot reach.
+    """
+    import ctypes
+    import threading
+
+    result: list[int] = []
+
+    def probe():
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+        except OSError as e:
+            result.append(e.errno or -1)
+            return
+        try:
+            if libc.setns(fd, _CLONE_NEWNET) != 0:
+                result.append(ctypes.get_errno() or -1)
+                return
+        finally:
+            os.close(fd)
+        result.append(connect(host, port, timeout))
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join()
+    return result[0]
