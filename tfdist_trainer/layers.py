@@ -24,7 +24,12 @@ Placement:
 - default strategy / model parallel: with ``devices=[...]`` each shard is
   created under ``tf.device`` of a device from the list (bytes-balanced).
 - mirrored / multi_worker_mirrored: every replica holds every shard
-  (mirrored variables); sharding only splits the table into variables.
+  (mirrored variables); sharding only splits the table into variables. The
+  lookup then gathers every id from every shard (masked), so that each
+  shard's IndexedSlices gradient has the same size on every replica and every
+  step: TF 2.21's all-gather of IndexedSlices whose sizes change from step to
+  step fails inside the Trainer's `tf.while_loop` ("Shape mismatch in the
+  collective instance").
 
 Checkpoints hold the *logical* table (one tensor of shape [V, dim], saved as
 slices), never the shards, so a checkpoint restores into any number of shards,
@@ -45,15 +50,17 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
+# SaveableObject/SaveSpec: the checkpoint API TF's own ShardedVariable uses to save slices of one tensor.
+from tensorflow.python.training.saving import saveable_object
 
 PARTITION_STRATEGIES = ("div", "mod")
-#: Rows per checkpoint slice when a table is saved in "mod" layout (bounded memory per slice).
+#: Bytes per checkpoint slice when a table is saved in "mod" layout (bounded memory per slice).
 _CHECKPOINT_SLICE_BYTES = 64 << 20
 
 
@@ -127,10 +134,12 @@ def ps_devices(strategy: tf.distribute.Strategy | None = None) -> list[str]:
 
 def _task_of(device: str) -> str:
     """'/job:ps/replica:0/task:1/device:CPU:0' -> '/job:ps/replica:0/task:1' (bytes are per task)."""
-    spec = tf.DeviceSpec.from_string(device or "")
-    if spec.job is None:
+    if not device or device.startswith("mirrored:"):
         return device or "(unplaced)"
-    return spec.replace(device_type=None, device_index=None).to_string()
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.job is None:
+        return device
+    return spec.replace(replica=spec.replica or 0, device_type=None, device_index=None).to_string()
 
 
 def _variable_bytes(variable: Any) -> int:
@@ -249,6 +258,14 @@ def _create_on(device: str | None, strategy: tf.distribute.Strategy):
 
 # -- the shared machinery of sharded layers --------------------------------------
 
+def _synchronous_replicas() -> int:
+    """Replicas whose gradients are all-reduced each step (1 under parameter_server: no all-reduce)."""
+    strategy = tf.distribute.get_strategy()
+    if _is_parameter_server(strategy):
+        return 1
+    return strategy.num_replicas_in_sync
+
+
 class _ShardedWeight:
     """N shard variables of one logical [vocab, dim] table, owned by a Keras layer."""
 
@@ -276,11 +293,24 @@ class _ShardedWeight:
     def tf_variables(self) -> list:
         return [v.value for v in self.variables]
 
-    def gather(self, ids: tf.Tensor, unique: bool = True, validate: bool = True) -> tf.Tensor:
-        """Rows of the logical table for `ids` (any shape) -> ids.shape + [dim]; one gather per shard."""
+    def gather(self, ids: tf.Tensor, unique: bool = True, validate: bool = True,
+               fixed_size: bool | None = None) -> tf.Tensor:
+        """Rows of the logical table for `ids` (any shape) -> ids.shape + [dim]; one gather per shard.
+
+        By default each shard is asked only for its own distinct ids, so the
+        gradient of shard i has as many rows as the batch has distinct ids in
+        it. With `fixed_size` (default: when more than one replica is in sync)
+        every shard gathers every id (masked), so every shard's gradient has
+        exactly one row per id on every replica and at every step: TensorFlow's
+        all-gather of IndexedSlices between synchronous replicas fails inside a
+        `tf.while_loop` (the Trainer's step loop) when their sizes change
+        ("Shape mismatch in the collective instance"; TF 2.21).
+        """
         ids = tf.convert_to_tensor(ids)
         if not ids.dtype.is_integer:
             raise TypeError(f"{self.key}: ids must be integers, got {ids.dtype}.")
+        if fixed_size is None:
+            fixed_size = _synchronous_replicas() > 1
         ids = tf.cast(ids, tf.int64)
         flat = tf.reshape(ids, [-1])
         if validate:
@@ -289,11 +319,20 @@ class _ShardedWeight:
                     flat, message=f"{self.key}: ids must be >= 0"), tf.debugging.assert_less(
                     flat, tf.constant(vocab, tf.int64), message=f"{self.key}: ids must be < {vocab} (the rows)")]):
                 flat = tf.identity(flat)
+        unique = unique and not fixed_size
         if unique:
             flat, restore = tf.unique(flat)
         variables = self.tf_variables()
         if len(variables) == 1:
             rows = tf.gather(variables[0], flat)  # ResourceGather on the variable's device
+        elif fixed_size:
+            shard, local = self.layout.assign(flat)
+            rows = None
+            for i, variable in enumerate(variables):
+                mine = tf.equal(shard, i)
+                gathered = tf.gather(variable, tf.where(mine, local, tf.zeros_like(local)))
+                part = tf.where(mine[:, None], gathered, tf.zeros_like(gathered))
+                rows = part if rows is None else rows + part
         else:
             shard, local = self.layout.assign(flat)
             shard = tf.cast(shard, tf.int32)
@@ -370,11 +409,10 @@ class _LogicalTableCheckpoint(tf.__internal__.tracking.Trackable):
     def restore_slices(self, tensors: Sequence[tf.Tensor]) -> tf.Operation:
         variables = self._variables_fn()
         ops = []
-        for (start, rows, _), tensor in zip(self.slices(), tensors):
-            if self._layout.partition_strategy == "div":
-                variable = variables[len(ops)]
-                with tf.device(variable.device):
-                    ops.append(variable.assign(tensor, read_value=False))
+        for index, ((start, rows, _), tensor) in enumerate(zip(self.slices(), tensors)):
+            if self._layout.partition_strategy == "div":  # slice i is shard i
+                with tf.device(variables[index].device):
+                    ops.append(variables[index].assign(tensor, read_value=False))
                 continue
             n = self._layout.num_shards
             for shard, offset, local, count in self._mod_pieces(start, start + rows):
@@ -385,34 +423,24 @@ class _LogicalTableCheckpoint(tf.__internal__.tracking.Trackable):
         return tf.group(ops)
 
 
-def _make_saveable_class():
-    from tensorflow.python.training.saving import saveable_object
+class _LogicalTableSaveable(saveable_object.SaveableObject):
+    """One SaveSpec per slice of the logical table, all under one checkpoint key (as ShardedVariable does)."""
 
-    class LogicalTableSaveable(saveable_object.SaveableObject):
-        """One SaveSpec per slice of the logical table, all under one checkpoint key."""
+    def __init__(self, table: _LogicalTableCheckpoint, name: str):
+        self._table = table
+        specs = [saveable_object.SaveSpec((lambda index=index: table.read_slice(index)),
+                                          table._slice_spec(start, rows), name, dtype=table._dtype, device=device)
+                 for index, (start, rows, device) in enumerate(table.slices())]
+        super().__init__(None, specs, name)
 
-        def __init__(self, table: _LogicalTableCheckpoint, name: str):
-            self._table = table
-            specs = []
-            for index, (start, rows, device) in enumerate(table.slices()):
-                specs.append(saveable_object.SaveSpec(
-                    (lambda index=index: table.read_slice(index)), table._slice_spec(start, rows), name,
-                    dtype=table._dtype, device=device))
-            super().__init__(None, specs, name)
-
-        def restore(self, restored_tensors, restored_shapes):
-            del restored_shapes
-            return self._table.restore_slices(restored_tensors)
-
-    return LogicalTableSaveable
-
-
-_LogicalTableSaveable = _make_saveable_class()
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        return self._table.restore_slices(restored_tensors)
 
 
 def _resolve_num_shards(layer_name: str, vocab: int, num_shards: int | None, devices: Sequence[str] | None) -> int:
-    if num_shards is None:
-        num_shards = len(devices) if devices else max(1, len(ps_devices()))
+    if num_shards is None:  # one per device (ps task), but never more than there are rows
+        num_shards = min(vocab, len(devices) if devices else max(1, len(ps_devices())))
     if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
         raise ValueError(f"{layer_name}: num_shards must be a positive integer, got {num_shards!r}.")
     if num_shards > vocab:

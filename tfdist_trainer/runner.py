@@ -23,6 +23,7 @@ from absl import logging
 
 from tfdist_trainer import data as data_lib
 from tfdist_trainer import hooks as hooks_lib
+from tfdist_trainer import layers
 from tfdist_trainer import loops
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import CHIEF, WORKER, ClusterConfig, is_listening
@@ -136,7 +137,8 @@ def build_model(trainer: Trainer, strategy_config: StrategyConfig | None = None)
 def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_optimizer: bool = True,
                 strategy_config: StrategyConfig | None = None) -> tuple[tf.Variable, tf.train.Checkpoint]:
     """Creates model, optimizer, metrics and global step under the scope; returns (global_step, checkpoint)."""
-    with strategy.scope():
+    with strategy.scope(), layers.placement_scope():
+        # The placement scope lets self-sharding layers balance bytes against every variable.
         trainer.model = build_model(trainer, strategy_config)
         trainer.train_metrics = trainer.build_metrics()
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
@@ -156,8 +158,20 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
     return global_step, tf.train.Checkpoint(**items)
 
 
+def log_placement(trainer: Trainer) -> None:
+    """Where every variable lives (variable, shape, bytes, device; bytes per device), once, on the chief."""
+    variables = list(trainer.model.variables) + (list(trainer.optimizer.variables) if trainer.optimizer else [])
+    logging.info("variable placement:\n%s", layers.placement_table(variables))
+
+
+#: Above this many parameters the fingerprint is skipped: it would pull every table to this task.
+FINGERPRINT_MAX_PARAMS = 50_000_000
+
+
 def weights_fingerprint(model: keras.Model) -> str:
     """A short hash of this task's copy of the weights: synchronous workers must agree on it."""
+    if model.count_params() > FINGERPRINT_MAX_PARAMS:
+        return f"skipped ({model.count_params():,} parameters)"
     digest = hashlib.sha256()
     for weight in model.get_weights():
         digest.update(weight.tobytes())
@@ -235,9 +249,14 @@ class RunContext:
         return values
 
     def export_saved_model(self, path: str) -> None:
-        """Exports a copy of the model built outside any strategy, so it serves anywhere."""
+        """Exports a copy of the model built outside any strategy, so it serves anywhere.
+
+        The copy reads the latest checkpoint rather than `get_weights()`: sharded
+        tables re-shard on restore, so the copy need not match the cluster's layout.
+        """
+        self.checkpointer.save(self.step)
         local = build_model(self.trainer)
-        local.set_weights(self.trainer.model.get_weights())
+        tf.train.Checkpoint(model=local).read(tf.train.latest_checkpoint(self.model_dir)).expect_partial()
         local.export(path, format="tf_saved_model", verbose=False)
         logging.info("exported a SavedModel with a serving signature to %s", path)
 
@@ -331,6 +350,8 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     checkpointer = Checkpointer(model_dir=model_dir, cluster=cluster, checkpoint=checkpoint,
                                 global_step=global_step, keep=experiment.keep_checkpoints)
     checkpointer.restore()
+    if cluster.is_chief:
+        log_placement(trainer)
     synchronous_workers = coordinator is None and not cluster.is_local
     steps_per_loop = experiment.steps_per_loop
     if experiment.auto_steps_per_loop:

@@ -1,0 +1,222 @@
+"""The sharded-embedding recipe: a click-through model whose tables shard themselves.
+
+Wide & deep over per-feature `ShardedEmbedding` tables: each categorical
+feature has one table of width ``1 + embedding_dim`` whose first column is the
+feature's wide (linear) weight and whose other columns are its deep embedding.
+The dense features go through a linear term and a bottom layer; the deep part
+is an MLP over the concatenated embeddings. Vocabulary sizes, widths, shard
+counts and the optimizer are gin bindings (configs/sharded_embedding/*.gin).
+
+At build time the chief logs a placement table (variable, shape, bytes,
+device, bytes per ps) and writes it as ``placement.json`` into the report
+directory (default: ``--model_dir``); with ``ClickTrainer.step_report = True``
+it also writes ``step_graph.json``, which says how the traced training step
+touches the tables (sparse gathers/scatters only, no op of a whole table's
+shape).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import gin
+import keras
+import tensorflow as tf
+from absl import flags, logging
+
+from recipes.sharded_embedding import data as click_data
+from tfdist_trainer import Trainer, layers
+
+
+def _per_feature(name: str, value: Any, count: int) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != count:
+            raise ValueError(f"ClickTrainer.{name} has {len(value)} entries but there are {count} features "
+                             f"(ClickTrainer.vocab_sizes); give one per feature or a single value.")
+        return list(value)
+    return [value] * count
+
+
+def _is_chief() -> bool:
+    """Whether this task writes reports: the chief, a lone process, or worker 0 of a chief-less cluster."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return True
+    task = config.get("task") or {}
+    if not task.get("type"):
+        return True
+    if task["type"] == "chief":
+        return True
+    return task["type"] == "worker" and int(task.get("index", 0)) == 0 and "chief" not in config.get("cluster", {})
+
+
+@gin.configurable
+class ClickTrainer(Trainer):
+    """Wide & deep click-through model over sharded embedding tables.
+
+    Args:
+      vocab_sizes: rows of each categorical feature's table (26 for Criteo).
+      embedding_dim: deep embedding width, one value or one per feature.
+      num_shards: shards per table: one per feature (exact), or one value for all tables
+        (capped at each table's rows); None: one per ps task under parameter_server, else 1.
+      partition_strategy: 'div' or 'mod' (see tfdist_trainer.layers).
+      hidden_units: the deep MLP's layer widths.
+      optimizer: 'adagrad' (SparseAdagrad: sparse rows only) or 'sgd' (no slots: half the memory).
+      learning_rate: the optimizer's learning rate.
+      num_dense: dense features (13 for Criteo).
+      data_source: 'synthetic' or 'criteo'.
+      criteo_train_files / criteo_eval_files: glob patterns of Criteo TSV files.
+      synthetic_seed: fixes the hidden click model of the synthetic data.
+      eval_batches: synthetic evaluation batches (fixed examples, the same in every run).
+      report_dir: where placement.json / step_graph.json go; None: --model_dir.
+      step_report: also write step_graph.json when the training step is traced.
+    """
+
+    def __init__(self, *, vocab_sizes: Sequence[int] = (1000, 1000), embedding_dim: int | Sequence[int] = 8,
+                 num_shards: int | None | Sequence[int | None] = None, partition_strategy: str = "div",
+                 hidden_units: Sequence[int] = (64, 32), optimizer: str = "adagrad", learning_rate: float = 0.05,
+                 num_dense: int = click_data.CRITEO_NUM_DENSE, data_source: str = "synthetic",
+                 criteo_train_files: str | None = None, criteo_eval_files: str | None = None,
+                 synthetic_seed: int = 0, eval_batches: int = 20, report_dir: str | None = None,
+                 step_report: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        if data_source not in ("synthetic", "criteo"):
+            raise ValueError(f"ClickTrainer.data_source must be 'synthetic' or 'criteo', got {data_source!r}.")
+        if optimizer not in ("adagrad", "sgd"):
+            raise ValueError(f"ClickTrainer.optimizer must be 'adagrad' or 'sgd', got {optimizer!r}.")
+        self.vocab_sizes = [int(v) for v in vocab_sizes]
+        count = len(self.vocab_sizes)
+        self.embedding_dims = [int(d) for d in _per_feature("embedding_dim", embedding_dim, count)]
+        if isinstance(num_shards, (list, tuple)):  # exact per table (too many for a table is an error)
+            self.num_shards = _per_feature("num_shards", num_shards, count)
+        else:  # one count for all: small tables get at most one shard per row
+            self.num_shards = [None if num_shards is None else min(int(num_shards), v) for v in self.vocab_sizes]
+        self.partition_strategy = partition_strategy
+        self.hidden_units = tuple(hidden_units)
+        self.optimizer_name = optimizer
+        self.learning_rate = learning_rate
+        self.num_dense = num_dense
+        self.data_source = data_source
+        self.criteo_train_files = criteo_train_files
+        self.criteo_eval_files = criteo_eval_files
+        self.eval_batches = eval_batches
+        self.report_dir = report_dir
+        self.step_report = step_report
+        self.synthetic = click_data.SyntheticClicks(self.vocab_sizes, num_dense=num_dense, seed=synthetic_seed)
+        self._asynchronous_workers = False
+        self._step_report_written = False
+
+    def record_tags(self) -> dict[str, str]:
+        return {"data": self.data_source}
+
+    # -- model ---------------------------------------------------------------
+    def build_model(self) -> keras.Model:
+        strategy = tf.distribute.get_strategy()
+        self._asynchronous_workers = bool(layers.ps_devices(strategy))
+        # Every variable is created here, inside placement_scope, so the ledger sees all of them:
+        # the dense layers first (built explicitly), then the tables, whose shards the ledger
+        # places on the ps tasks with the fewest bytes so far.
+        with layers.placement_scope():
+            dense_linear = keras.layers.Dense(1, name="dense_linear")
+            dense_bottom = keras.layers.Dense(self.embedding_dims[0], activation="relu", name="dense_bottom")
+            dense_linear.build((None, self.num_dense))
+            dense_bottom.build((None, self.num_dense))
+            mlp, width = [], self.embedding_dims[0] + sum(self.embedding_dims)
+            for i, units in enumerate(self.hidden_units):
+                mlp.append(keras.layers.Dense(units, activation="relu", name=f"mlp_{i}"))
+                mlp[-1].build((None, width))
+                width = units
+            deep_logit = keras.layers.Dense(1, name="deep_logit")
+            deep_logit.build((None, width))
+
+            dense_in = keras.Input((self.num_dense,), name="dense")
+            categorical_in = keras.Input((len(self.vocab_sizes),), dtype="int64", name="categorical")
+            wide_terms, deep_terms = [dense_linear(dense_in)], [dense_bottom(dense_in)]
+            for f, (vocab, dim, shards) in enumerate(zip(self.vocab_sizes, self.embedding_dims, self.num_shards)):
+                rows = layers.ShardedEmbedding(
+                    vocab, 1 + dim, num_shards=shards, partition_strategy=self.partition_strategy,
+                    embeddings_initializer=keras.initializers.RandomUniform(-0.01, 0.01),
+                    name=f"table_{f}")(categorical_in[:, f])
+                wide_terms.append(rows[:, :1])   # the feature's wide (linear) weight
+                deep_terms.append(rows[:, 1:])   # its deep embedding
+            x = keras.layers.Concatenate(name="deep_concat")(deep_terms)
+            for layer in mlp:
+                x = layer(x)
+            wide_terms.append(deep_logit(x))
+            logit = keras.layers.Add(name="logit")(wide_terms)
+            model = keras.Model({"dense": dense_in, "categorical": categorical_in}, logit, name="click_model")
+        self._report_placement(model)
+        return model
+
+    def build_optimizer(self) -> keras.optimizers.Optimizer:
+        if self.optimizer_name == "sgd":
+            return layers.SGD(self.learning_rate)
+        return layers.SparseAdagrad(self.learning_rate)
+
+    def compute_loss(self, labels, predictions):
+        return keras.losses.binary_crossentropy(labels, predictions, from_logits=True)
+
+    def build_metrics(self) -> list[keras.metrics.Metric]:
+        return [keras.metrics.AUC(from_logits=True, name="auc")]
+
+    # -- data ----------------------------------------------------------------
+    def build_train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = self.per_replica_batch_size(input_context)
+        if self.data_source == "criteo":
+            return click_data.criteo_dataset(self.criteo_train_files, batch, self.vocab_sizes,
+                                             num_dense=self.num_dense, input_context=input_context)
+        first = 0
+        if self._asynchronous_workers:
+            # parameter_server workers all get input pipeline 0 and the same traced dataset
+            # function: start each worker's stream at a different batch instead.
+            first = tf.cast(tf.timestamp() * 1e6, tf.int64) % (1 << 40)
+        return self.synthetic.dataset(batch, first_batch=first, pipeline_id=input_context.input_pipeline_id,
+                                      num_pipelines=input_context.num_input_pipelines)
+
+    def build_eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset | None:
+        if self.data_source == "criteo":
+            if not self.criteo_eval_files:
+                return None
+            return click_data.criteo_dataset(self.criteo_eval_files, self.eval_batch_size, self.vocab_sizes,
+                                             num_dense=self.num_dense, training=False)
+        # Far from every training stream; the same examples in every run.
+        return self.synthetic.dataset(self.eval_batch_size, first_batch=1 << 50, num_batches=self.eval_batches)
+
+    # -- step ----------------------------------------------------------------
+    def train_step(self, batch):
+        loss = super().train_step(batch)
+        if self.step_report and not self._step_report_written and _is_chief():
+            self._report_step_graph(tf.compat.v1.get_default_graph())
+        return loss
+
+    @tf.autograph.experimental.do_not_convert
+    def _report_step_graph(self, graph) -> None:
+        # Runs while the step is traced: `graph` holds the step's ops.
+        self._write_report("step_graph.json", layers.step_access_report(graph, self.model))
+        self._step_report_written = True
+
+    # -- reports -------------------------------------------------------------
+    def _report_dir(self) -> str | None:
+        if self.report_dir:
+            return self.report_dir
+        # Workaround until the runner hands the model_dir to the Trainer.
+        try:
+            return flags.FLAGS.model_dir if flags.FLAGS.is_parsed() and "model_dir" in flags.FLAGS else None
+        except AttributeError:
+            return None
+
+    def _write_report(self, name: str, payload: Any) -> None:
+        directory = self._report_dir()
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+            layers.write_json(os.path.join(directory, name), payload)
+
+    def _report_placement(self, model: keras.Model) -> None:
+        if not _is_chief():
+            return
+        logging.info("variable placement:\n%s", layers.placement_table(model))
+        self._write_report("placement.json", layers.placement_records(model))
