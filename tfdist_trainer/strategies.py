@@ -241,5 +241,193 @@ def as_strategy_config(value: Any) -> StrategyConfig:
             return made
     raise ValueError(
         f"train.strategy must be one of @one_device, @mirrored, @multi_worker_mirrored, "
-        f"@parameter_server; got {value!r}."
+        f"@parameter_server, @model_parallel; got {value!r}."
     )
+
+
+@gin.configurable("model_parallel")
+class ModelParallel(StrategyConfig):
+    """One replica whose layers are placed on several devices, optionally pipelined over micro-batches.
+
+    See tfdist_trainer/placement.py for how a plan places layers and how the
+    pipelined step works.
+
+    Args:
+      plan: 'auto' (contiguous stages of about equal parameter bytes, in model.layers order), or
+        {layer regex: device index} / [(layer regex, device index), ...] matched against layer
+        names ('parent/child' for nested layers); a layer no pattern names runs with the one before.
+      num_devices: devices the plan uses: the first GPUs when there are GPUs, else this many
+        logical CPUs (created before TF starts).
+      num_micro_batches: 1 runs the batch whole; M > 1 splits each replica batch into M
+        micro-batches (GPipe: every forward, then every backward, gradients summed and applied
+        once; stages on different devices overlap across micro-batches).
+      data_parallel: None, or 'multi_worker_mirrored': each worker process is one model-parallel
+        replica, gradients all-reduced across workers (configure it with multi_worker_mirrored.*).
+      gpu_memory_growth: allocate GPU memory as needed instead of all at start.
+      placement_file: JSON of the placement (layers, their variables' devices, bytes per device),
+        written by the chief; a relative path is under --model_dir; None writes none.
+      arithmetic_optimization: Grappler's arithmetic optimizer, process-wide. Off by default:
+        on TF 2.21 it rewrites trees of adds inside the step loop into an AddN that becomes a
+        TemporaryVariable, and once activations are large (seen at d_model=256, batch 32 x 128
+        tokens) the *second* call of the loop fails with ALREADY_EXISTS
+        '.../ArithmeticOptimizer/AddOpsRewrite_add_7/tmp_var/frame:.../iter:N' (one_device too).
+    """
+
+    name = "model_parallel"
+
+    def __init__(self, plan: Any = "auto", num_devices: int = 2, num_micro_batches: int = 1,
+                 data_parallel: str | None = None, gpu_memory_growth: bool = False,
+                 placement_file: str | None = "placement.json", arithmetic_optimization: bool = False):
+        from tfdist_trainer import placement as placement_lib
+
+        if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+            raise ValueError(f"model_parallel.num_devices must be an integer >= 1, got {num_devices!r}.")
+        if isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1:
+            raise ValueError(f"model_parallel.num_micro_batches must be an integer >= 1, got {num_micro_batches!r}.")
+        if data_parallel in (None, "none", "None"):
+            data_parallel = None
+        elif data_parallel != "multi_worker_mirrored":
+            raise ValueError(f"model_parallel.data_parallel must be None or 'multi_worker_mirrored', "
+                             f"got {data_parallel!r}.")
+        self.plan = placement_lib.parse_plan(plan, num_devices=num_devices)
+        self.num_devices = num_devices
+        self.num_micro_batches = num_micro_batches
+        self.data_parallel = data_parallel
+        self.gpu_memory_growth = bool(gpu_memory_growth)
+        self.placement_file = placement_file
+        self.arithmetic_optimization = bool(arithmetic_optimization)
+        # Synchronous data parallelism over workers comes from multi_worker_mirrored (its gin knobs apply).
+        self._workers = MultiWorkerMirrored() if data_parallel else None
+        self.holds_port_while_waiting = bool(self._workers and self._workers.holds_port_while_waiting)
+        self._devices: list[str] | None = None
+        self._host_device: str | None = None
+        self._is_chief = True
+        self._placement: Any = None
+
+    # -- the cluster: one process, or multi_worker_mirrored's workers -----------------
+    def validate(self, cluster):
+        if self._workers:
+            self._workers.validate(cluster)
+        else:
+            super().validate(cluster)
+
+    def peers(self, cluster):
+        return self._workers.peers(cluster) if self._workers else []
+
+    def launch_layout(self, *, num_workers, num_ps):
+        return self._workers.launch_layout(num_workers=num_workers, num_ps=num_ps) if self._workers else {CHIEF: 1}
+
+    def restart_group(self, failed_role, roles):
+        return self._workers.restart_group(failed_role, roles) if self._workers else [failed_role]
+
+    # -- devices and strategy ------------------------------------------------------------
+    def prepare_devices(self):
+        import tensorflow as tf
+        if not self.arithmetic_optimization:
+            tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+        gpus = _available_gpus()
+        if gpus:
+            if self.gpu_memory_growth:
+                for gpu in gpus:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+            if len(gpus) < self.num_devices:
+                raise ValueError(f"model_parallel.num_devices={self.num_devices} but only {len(gpus)} GPU(s) are "
+                                 f"visible; lower num_devices or make more GPUs visible.")
+            return
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * self.num_devices)
+
+    def create(self, cluster):
+        import tensorflow as tf
+        kind = "GPU" if _available_gpus() else "CPU"
+        self._is_chief = cluster.is_chief
+        if self._workers:
+            strategy = self._create_multi_worker(kind)
+            base = tf.DeviceSpec.from_string(strategy.extended.worker_devices[0])
+            self._devices = [base.replace(device_type=kind, device_index=i).to_string()
+                             for i in range(self.num_devices)]
+            self._host_device = base.replace(device_type="CPU", device_index=0).to_string()
+        else:
+            strategy = tf.distribute.get_strategy()
+            local = tf.config.list_logical_devices(kind)
+            if len(local) < self.num_devices:
+                raise ValueError(f"model_parallel.num_devices={self.num_devices} but this process has only "
+                                 f"{len(local)} {kind} device(s); lower num_devices.")
+            self._devices = [d.name for d in local[:self.num_devices]]
+            self._host_device = tf.config.list_logical_devices("CPU")[0].name
+        return strategy
+
+    def _create_multi_worker(self, kind: str) -> "tf.distribute.Strategy":
+        """MultiWorkerMirroredStrategy with one replica per worker (its first GPU, or its CPU:0).
+
+        A TFConfigClusterResolver makes one replica per local GPU; a SimpleClusterResolver
+        built from it says how many accelerators a worker's replica has.
+        """
+        import tensorflow as tf
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        one_replica = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            resolver.cluster_spec(), task_type=resolver.task_type, task_id=resolver.task_id,
+            rpc_layer=resolver.rpc_layer or "grpc", num_accelerators={"GPU": 1} if kind == "GPU" else {})
+        implementation = {
+            "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+        }[self._workers.communication]
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=implementation, timeout_seconds=self._workers.collective_timeout_s)
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=one_replica, communication_options=options)
+
+    # -- the model and the step ------------------------------------------------------------
+    def _log(self, line: str) -> None:
+        from absl import logging
+        if self._is_chief:
+            logging.info("%s", line)
+        else:
+            logging.vlog(1, "%s", line)
+
+    def prepare_model(self, model):
+        from tfdist_trainer import placement as placement_lib
+        if self._devices is None:
+            raise ValueError("model_parallel.prepare_model ran before create(); the runner must create the "
+                             "strategy first.")
+        self._placement = placement_lib.Placement(model, self.plan, self._devices, host_device=self._host_device,
+                                                  log=self._log)
+        return self._placement.apply()
+
+    def train_step_fn(self, trainer):
+        from absl import logging
+        from tfdist_trainer import placement as placement_lib
+        placement = self._placement
+        if placement is None or placement.model is not trainer.model:
+            raise ValueError("model_parallel.train_step_fn needs the model prepared by model_parallel.prepare_model.")
+        if not placement.finalized:  # the model was never called eagerly: place it now (before any step)
+            placement.finalize()
+        for path, actual, wanted in placement.misplaced():
+            logging.warning("model_parallel: variable %s is on %s, not on its planned device %s", path, actual, wanted)
+        path = self._placement_path()
+        if path and self._is_chief:
+            placement_lib.write_report(path, placement.report(optimizer=trainer.optimizer, extra={
+                "num_micro_batches": self.num_micro_batches, "data_parallel": self.data_parallel}))
+            self._log(f"model_parallel placement written to {path}")
+        last = placement.units[-1] if placement.units else None
+        loss_device = self._devices[last.index] if last is not None and last.index is not None else None
+        if self.num_micro_batches > 1:
+            self._log(f"model_parallel pipelines each replica batch over {self.num_micro_batches} micro-batches")
+        return placement_lib.make_train_step(trainer, num_micro_batches=self.num_micro_batches,
+                                             loss_device=loss_device, log=self._log)
+
+    def _placement_path(self) -> str | None:
+        import os
+        if not self.placement_file:
+            return None
+        if os.path.isabs(self.placement_file):
+            return self.placement_file
+        model_dir = None
+        try:
+            from absl import flags
+            if flags.FLAGS.is_parsed() and "model_dir" in flags.FLAGS:
+                model_dir = flags.FLAGS.model_dir
+        except Exception:  # noqa: BLE001 - no absl flags in this process (a library user): no file
+            model_dir = None
+        return os.path.join(model_dir, self.placement_file) if model_dir else None

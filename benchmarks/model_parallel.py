@@ -1,0 +1,169 @@
+"""model_parallel throughput: pipelined vs unpipelined, on 2 and 4 devices, side by side in one process.
+
+    python -m benchmarks.model_parallel [--devices=2,4] [--micro_batches=4] [--steps=10] [--repeats=3]
+                                        [--num_layers=4] [--d_model=128] [--seq_len=128] [--batch_size=32]
+                                        [--out=bench_out] [--smoke]
+
+The model is recipes/model_parallel_lm's byte-level Transformer LM
+(TransformerLMTrainer, Adam, on this repository's own Markdown and Python).
+Variants, each with its own identically seeded model, all in this process:
+
+  one_device            the model whole on one device (strategies.OneDevice): the reference
+  mp{D}                 model_parallel over D devices, plan 'auto', num_micro_batches=1
+  mp{D}_pipelined       the same with num_micro_batches=--micro_batches (GPipe schedule)
+
+Each is the library's own path: runner.build_state under the strategy (the
+ModelParallel config places the layers) and loops.TrainLoop with the
+config's train_step_fn, timed around ``loop.train(steps)`` (one tf.function
+call of `--steps` steps). Without GPUs the devices are logical CPUs made from
+the one physical CPU: they share its cores, so model parallelism cannot add
+compute here; what pipelining can add is overlap (TF's executor runs ready ops
+of different stages at once). Each variant first runs one untimed call
+(tracing) and, once all are built, one more (the first call of a function
+after other functions were traced is slow again); the timed repetitions are interleaved round by round, rotating the
+order, so load drifts hit every variant alike. Ratios are paired per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from benchmarks import _common
+
+NAME = "model_parallel"
+BASELINE = "one_device"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.model_parallel", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", default="2,4", help="comma-separated device counts")
+    p.add_argument("--micro_batches", type=int, default=4, help="num_micro_batches of the pipelined variants")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per repetition and variant")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--num_layers", type=int, default=4)
+    p.add_argument("--d_model", type=int, default=128)
+    p.add_argument("--num_heads", type=int, default=4)
+    p.add_argument("--seq_len", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for model_parallel.json")
+    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.repeats = 3, 1
+        args.num_layers, args.d_model, args.num_heads, args.seq_len, args.batch_size = 2, 16, 2, 16, 8
+    args.devices = _common.parse_int_list(args.devices)
+    if not args.devices or min(args.devices) < 2:
+        p.error(f"--devices needs counts >= 2, got {args.devices}")
+    for name in ("micro_batches", "steps", "repeats", "num_layers", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    _common.quiet_tensorflow()
+    sys.path.insert(0, _common.REPO)
+    from tfdist_trainer.strategies import ModelParallel, OneDevice
+
+    # Logical CPUs (or the GPUs) for the largest device count, before TensorFlow starts.
+    ModelParallel(num_devices=max(args.devices), placement_file=None).prepare_devices()
+
+    import keras
+    import tensorflow as tf
+    from recipes.model_parallel_lm.trainer import TransformerLMTrainer
+    from tfdist_trainer import loops, runner
+    from tfdist_trainer.cluster import ClusterConfig
+
+    tf.get_logger().setLevel("ERROR")  # each variant traces its own loop: not a retracing problem
+    data_glob = [os.path.join(_common.REPO, "*.md"), os.path.join(_common.REPO, "tfdist_trainer", "*.py")]
+    variants: dict[str, dict] = {BASELINE: {"devices": 1, "micro_batches": 1}}
+    for d in args.devices:
+        variants[f"mp{d}"] = {"devices": d, "micro_batches": 1}
+        variants[f"mp{d}_pipelined"] = {"devices": d, "micro_batches": args.micro_batches}
+
+    loops_by_name = {}
+    for name, spec in variants.items():
+        keras.utils.set_random_seed(args.seed)
+        if spec["devices"] == 1:
+            config = OneDevice()
+        else:
+            config = ModelParallel(plan="auto", num_devices=spec["devices"], num_micro_batches=spec["micro_batches"],
+                                   placement_file=None)
+        strategy = config.create(ClusterConfig(cluster={}))
+        trainer = TransformerLMTrainer(data_glob=data_glob, seq_len=args.seq_len, num_layers=args.num_layers,
+                                       d_model=args.d_model, num_heads=args.num_heads, d_ff=4 * args.d_model,
+                                       global_batch_size=args.batch_size, data_seed=args.seed)
+        global_step, _ = runner.build_state(trainer, strategy, strategy_config=config)
+        loop = loops.TrainLoop(strategy, trainer, global_step, args.steps, step_fn=config.train_step_fn(trainer))
+        start = time.perf_counter()
+        loop.train(args.steps)  # tracing and the first steps, untimed
+        spec["warmup_s"] = time.perf_counter() - start
+        if spec["devices"] > 1:
+            spec["bytes_per_device"] = [d["bytes"] for d in config._placement.per_device()]
+        loops_by_name[name] = loop
+        print(f"[{NAME}] {name}: built and warmed up in {spec['warmup_s']:.1f}s", flush=True)
+
+    names = list(variants)
+    # One more untimed call each once all are built: the first call of a function after others were
+    # traced is slow again (seen: 2.8 s instead of 0.02 s), which would favour the last variant built.
+    for name in names:
+        loops_by_name[name].train(args.steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    losses: dict[str, float] = {}
+    for r in range(args.repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            result = loops_by_name[name].train(args.steps)
+            times[name].append(time.perf_counter() - start)
+            losses[name] = _common.loss_value(result)
+
+    results = {}
+    for name in names:
+        stats = _common.summarize(times[name], args.steps)
+        stats.update(variants[name])
+        stats["examples_per_s"] = stats["steps_per_s"] * args.batch_size
+        stats["speedup_vs_one_device_paired"] = _common.ratio_spread(times[BASELINE], times[name])
+        stats["last_loss"] = losses[name]
+        results[name] = stats
+    summary = {}
+    for d in args.devices:
+        # > 1: pipelining is faster (time unpipelined / time pipelined, paired per round).
+        summary[f"pipelined_speedup_{d}_devices"] = _common.ratio_spread(times[f"mp{d}"], times[f"mp{d}_pipelined"])
+
+    rows = []
+    for name in names:
+        s = results[name]
+        rows.append([name, s["devices"], s["micro_batches"], f"{s['steps_per_s']:.2f}",
+                     f"{s['steps_per_s_min']:.2f}..{s['steps_per_s_max']:.2f}", f"{s['examples_per_s']:.0f}",
+                     f"{s['speedup_vs_one_device_paired']['median']:.2f}"])
+    print()
+    print(_common.format_table(["variant", "devices", "micro_batches", "steps/s", "min..max", "examples/s",
+                                "vs one_device"], rows))
+    print()
+    for d in args.devices:
+        ratio = summary[f"pipelined_speedup_{d}_devices"]
+        print(f"pipelined ({args.micro_batches} micro-batches) vs unpipelined on {d} devices: "
+              f"{ratio['median']:.2f}x steps/s (paired per round, min..max {ratio['min']:.2f}..{ratio['max']:.2f})")
+    payload = {
+        "benchmark": NAME,
+        "smoke": args.smoke,
+        "baseline": BASELINE,
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "environment": _common.environment(),
+        "results": results,
+        "summary": summary,
+    }
+    path = _common.write_json(args.out, NAME, payload)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""A small decoder-only Transformer language model, laid out for the model_parallel strategy."""
