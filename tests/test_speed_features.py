@@ -8,7 +8,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from clusterlib import FAST_MNIST, REPO, read_records, run, strategy_gin, train_cmd
+from clusterlib import FAST_MNIST, read_records, run, strategy_gin, train_cmd
 from tfdist_trainer import loops, runner
 from tfdist_trainer.trainer import Trainer
 

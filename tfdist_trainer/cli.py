@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
             raise cluster_lib.ClusterConfigError("--model_dir is required; every task of a job needs the same one.")
         if os.path.exists(FLAGS.model_dir) and not os.path.isdir(FLAGS.model_dir):
             raise cluster_lib.ClusterConfigError(f"--model_dir {FLAGS.model_dir} is a file, not a directory; pick another path.")
-        from tfdist_trainer.config import ConfigError, load_experiment
+        from tfdist_trainer.config import load_experiment
         experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
         strategy_config = experiment.strategy_config
         strategy_config.validate(cluster)

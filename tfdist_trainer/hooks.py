@@ -20,7 +20,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import gin
-import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import loops
