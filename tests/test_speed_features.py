@@ -123,7 +123,8 @@ def test_bad_mixed_precision_is_one_sentence(tmp_path):
     assert "train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16'" in result.stdout
 
 
-def test_jit_compile_on_logical_cpus_is_refused_clearly(tmp_path):
-    result, _ = _train(tmp_path, "train.jit_compile=True", strategy="mirrored")
+@pytest.mark.parametrize("strategy", ["mirrored", "model_parallel"])
+def test_jit_compile_across_devices_of_one_process_is_refused_clearly(tmp_path, strategy):
+    result, _ = _train(tmp_path, "train.jit_compile=True", strategy=strategy)
     assert result.returncode != 0
-    assert "train.jit_compile=True cannot run mirrored over several CPU devices" in result.stdout
+    assert f"train.jit_compile=True cannot run {strategy} over several devices of one process" in result.stdout

@@ -335,11 +335,12 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             f"TensorFlow was already running when the {config.name} strategy was set up ({str(e).strip()}); "
             f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
             f"into the Trainer's methods.") from None
-    if experiment.jit_compile and strategy.num_replicas_in_sync > 1 and all(
-            "CPU" in d.upper() for d in strategy.extended.worker_devices):
+    if experiment.jit_compile and (not config.supports_jit_compile or (
+            strategy.num_replicas_in_sync > 1 and all("CPU" in d.upper() for d in strategy.extended.worker_devices))):
         raise ValueError(
-            f"train.jit_compile=True cannot run {config.name} over several CPU devices: XLA puts every step "
-            f"on one CPU device, away from the replicas' variables; use it with GPUs or one_device.")
+            f"train.jit_compile=True cannot run {config.name} over several devices of one process: XLA puts "
+            f"every step on one device, away from variables on the others; use it with one_device, or "
+            f"mirrored / multi_worker_mirrored on GPUs.")
     coordinator = config.create_coordinator(strategy)
     logging.info("strategy %s with %d replica(s) in sync", config.name, strategy.num_replicas_in_sync)
 

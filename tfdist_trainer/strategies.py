@@ -53,6 +53,9 @@ class StrategyConfig(abc.ABC):
     #: Whether this task must listen on its port while it waits for peers (peers wait for it too).
     holds_port_while_waiting: bool = False
 
+    #: Whether train.jit_compile can work: XLA compiles a step for one device.
+    supports_jit_compile: bool = True
+
     def launch_layout(self, *, num_workers: int, num_ps: int) -> dict[str, int]:
         """The task types and counts `tfdist-launch` starts for this strategy."""
         return {CHIEF: 1}
@@ -274,6 +277,7 @@ class ModelParallel(StrategyConfig):
     """
 
     name = "model_parallel"
+    supports_jit_compile = False  # XLA compiles for one device; the plan spreads a step over several
 
     def __init__(self, plan: Any = "auto", num_devices: int = 2, num_micro_batches: int = 1,
                  data_parallel: str | None = None, gpu_memory_growth: bool = False,
