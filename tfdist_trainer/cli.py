@@ -115,18 +115,10 @@ def main(argv: list[str]) -> None:
         _fail(role, str(e).strip().splitlines()[0], EXIT_FAILED)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """Parses flags; a bad flag is a config error: one line and exit 2 (absl prints two and exits 1)."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"[tfdist-train] error: {e}; see --helpshort for the flags.", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG)
-
-
 def run() -> None:
     """Console-script entry point."""
-    app.run(main, flags_parser=_parse_flags)
+    from tfdist_trainer.config import one_line_flags_parser
+    app.run(main, flags_parser=one_line_flags_parser("tfdist-train", EXIT_CONFIG))
 
 
 if __name__ == "__main__":

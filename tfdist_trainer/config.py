@@ -81,3 +81,16 @@ def load_experiment(gin_files: Sequence[str], gin_bindings: Sequence[str], modul
     except (ValueError, TypeError) as e:
         message = str(e).strip().splitlines()[0]
         raise ConfigError(message) from None
+
+
+def one_line_flags_parser(program: str, exit_code: int = 2):
+    """absl's flag parser, except that a bad flag is one line and `exit_code` (absl prints two and exits 1)."""
+    from absl import flags
+
+    def parse(argv: list[str]) -> list[str]:
+        try:
+            return flags.FLAGS(argv)
+        except flags.Error as e:
+            print(f"[{program}] error: {e}; see --helpshort for the flags.", file=sys.stderr, flush=True)
+            sys.exit(exit_code)
+    return parse

@@ -524,18 +524,10 @@ def main(argv: list[str]) -> None:
     sys.exit(code)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-    """Parses the launcher's flags; a bad flag exits 2 with one line (absl prints two and exits 1)."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"[launch] error: {e}; see --helpshort for the flags.", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG)
-
-
 def run() -> None:
     """Console-script entry point."""
-    app.run(main, flags_parser=_parse_flags)
+    from tfdist_trainer.config import one_line_flags_parser
+    app.run(main, flags_parser=one_line_flags_parser("launch", EXIT_CONFIG))
 
 
 if __name__ == "__main__":
