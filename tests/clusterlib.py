@@ -162,3 +162,12 @@ def no_process_left(marker: str) -> list[str]:
         if marker in cmdline and state != "Z":
             left.append(f"{pid}: {cmdline}")
     return left
+
+
+def kill_processes_of(marker: str) -> None:
+    """SIGKILLs, by pid, every live process whose command line contains `marker` (a test's tmp_path)."""
+    for entry in no_process_left(marker):
+        try:
+            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
+        except ProcessLookupError:
+            pass

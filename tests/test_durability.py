@@ -65,15 +65,6 @@ def fault_table(request):
         print(text)
 
 
-@pytest.fixture(autouse=True)
-def _no_leftover_processes(tmp_path):
-    """Kills, by pid, any process of this test still alive after it (e.g. after a failure)."""
-    yield
-    for entry in clusterlib.no_process_left(f"{tmp_path}{os.sep}"):
-        try:
-            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def record_fault(fault: str, *, step_at_kill, restored, steps_lost, recover_s) -> None:

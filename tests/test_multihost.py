@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 
@@ -84,14 +83,6 @@ def make_lan():
     assert left == [], f"namespaces left behind: {left}"
 
 
-@pytest.fixture(autouse=True)
-def _no_leftover_processes(tmp_path):
-    yield
-    for entry in clusterlib.no_process_left(f"{tmp_path}{os.sep}"):
-        try:
-            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class LanCluster(HandCluster):

@@ -40,14 +40,6 @@ _STARTED = re.compile(r"^\[launch\] started (\S+) \(pid (\d+), 127\.0\.0\.1:(\d+
 _NAMESPACE = re.compile(r"^\[launch\] private network: namespace (\S+),", re.M)
 
 
-@pytest.fixture(autouse=True)
-def _no_leftover_processes(tmp_path):
-    yield
-    for entry in clusterlib.no_process_left(f"{tmp_path}{os.sep}"):
-        try:
-            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _require(method: str) -> None:

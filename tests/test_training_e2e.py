@@ -14,7 +14,6 @@ is 0.1, so MIN_EVAL_ACCURACY leaves a wide margin for asynchronous PSS runs.
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 import tensorflow as tf
@@ -35,16 +34,6 @@ PSS_LAYOUT = {"chief": 1, "worker": 2, "ps": 1}
 REPLICAS = {"one_device": 1, "mirrored": 2, "multi_worker_mirrored": 2, "parameter_server": 1}
 
 
-@pytest.fixture(autouse=True)
-def _no_leftover_processes(tmp_path):
-    """Kills, by pid, any process of this test that is still alive (e.g. after a timeout), so that
-    one failure does not slow the rest of the suite down; assert_trained reports them first."""
-    yield
-    for entry in clusterlib.no_process_left(f"{tmp_path}{os.sep}"):
-        try:
-            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def mnist_args(strategy: str, model_dir: str, steps: int) -> list[str]:

@@ -11,7 +11,6 @@ the strategy gin file changes (the launcher flags are the same too). The
 from __future__ import annotations
 
 import os
-import signal
 import textwrap
 
 import pytest
@@ -94,12 +93,7 @@ def user_project(tmp_path):
     # The same experiment for --module: no gin import line.
     (tmp_path / "my_experiment_no_import.gin").write_text(
         EXPERIMENT_GIN.format(steps=STEPS).replace("import my_trainers\n", ""))
-    yield tmp_path
-    for entry in clusterlib.no_process_left(f"{tmp_path}{os.sep}"):  # only after a failure
-        try:
-            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    yield tmp_path  # conftest kills any process of this test left after a failure
 
 
 def launch(project, launch_args: list[str], train_args: list[str], *, pythonpath: bool = True):
