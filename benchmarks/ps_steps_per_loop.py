@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
-import signal
-import subprocess
 import sys
 import time
 
-from benchmarks import _common
+from benchmarks import _cluster, _common
 
 NAME = "ps_steps_per_loop"
 
@@ -80,91 +77,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-# -- the cluster ----------------------------------------------------------------------------------
-
-class ServerTasks:
-    """The ps and worker tasks: `python -m tfdist_trainer.cli` processes that serve until killed."""
-
-    def __init__(self, cluster: dict[str, list[str]], log_dir: str, model_dir: str):
-        self.cluster = cluster
-        self.log_dir = log_dir
-        self.model_dir = model_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self) -> None:
-        os.makedirs(self.log_dir, exist_ok=True)
-        for task_type in ("ps", "worker"):
-            for index in range(len(self.cluster[task_type])):
-                env = dict(os.environ)
-                env["TF_CONFIG"] = json.dumps({"cluster": self.cluster, "task": {"type": task_type, "index": index}})
-                env["GRPC_FAIL_FAST"] = "use_caller"
-                env["PYTHONUNBUFFERED"] = "1"
-                env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [_common.REPO, env.get("PYTHONPATH")]))
-                cmd = [sys.executable, "-m", "tfdist_trainer.cli",
-                       f"--gin_file={_common.REPO}/configs/mnist.gin",
-                       f"--gin_file={_common.REPO}/configs/strategies/parameter_server.gin",
-                       f"--model_dir={self.model_dir}", "--chief_gone_grace_s=5"]
-                log = open(self._log_path(task_type, index), "w")
-                self.procs[f"{task_type}:{index}"] = subprocess.Popen(
-                    cmd, env=env, cwd=_common.REPO, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True)
-                log.close()
-
-    def _log_path(self, task_type: str, index: int) -> str:
-        return os.path.join(self.log_dir, f"{task_type}-{index}.log")
-
-    def log_tail(self, role: str, chars: int = 3000) -> str:
-        try:
-            with open(self._log_path(*role.split(":"))) as f:
-                return f.read()[-chars:]
-        except OSError:
-            return ""
-
-    def wait_listening(self, timeout_s: float) -> None:
-        from tfdist_trainer.cluster import TaskAddress, is_listening
-        pending = {f"{t}:{i}": TaskAddress(t, i, a) for t in ("ps", "worker") for i, a in enumerate(self.cluster[t])}
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            for role in list(pending):
-                code = self.procs[role].poll()
-                if code is not None:
-                    raise RuntimeError(f"{role} exited with code {code} before it served; its log:\n"
-                                       f"{self.log_tail(role)}")
-                if is_listening(pending[role], timeout=0.2):
-                    del pending[role]
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"{', '.join(pending)} did not listen within {timeout_s:g}s; logs in {self.log_dir}")
-            time.sleep(0.2)
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for proc in self.procs.values():
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 # -- the measurement --------------------------------------------------------------------------------
 
 def _measure(args, cluster: dict[str, list[str]]) -> dict:
     """Runs in the chief: builds the state once, a ScheduledTrainLoop per K, and times them interleaved."""
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
-    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+    _cluster.set_chief_env(cluster)
     import keras
 
     from tfdist_trainer import loops, runner
@@ -253,23 +170,15 @@ def recommend(results: list[dict], num_workers: int, tie: float = 0.95) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     _common.quiet_tensorflow()
-    import portpicker
-
     out = os.path.abspath(args.out)
     run_dir = os.path.join(out, f"{NAME}_cluster")
-    layout = {"chief": 1, "worker": args.num_workers, "ps": args.num_ps}
-    cluster = {t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items()}
-    servers = ServerTasks(cluster, os.path.join(run_dir, "logs"), os.path.join(run_dir, "model_dir"))
-    print(f"[{NAME}] cluster: chief (this process) + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
-          f"task logs in {servers.log_dir}", flush=True)
-    t0 = time.perf_counter()
-    try:
-        servers.start()
-        servers.wait_listening(args.startup_timeout_s)
-        print(f"[{NAME}] servers up in {time.perf_counter() - t0:.1f}s", flush=True)
+    cluster = _cluster.pick_cluster({"chief": 1, "worker": args.num_workers, "ps": args.num_ps})
+    gin_files = [f"{_common.REPO}/configs/mnist.gin", f"{_common.REPO}/configs/strategies/parameter_server.gin"]
+    with _cluster.LocalCluster(cluster, run_dir, gin_files) as servers:
+        print(f"[{NAME}] cluster: chief (this process) + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
+              f"task logs in {servers.log_dir}", flush=True)
+        print(f"[{NAME}] servers up in {servers.start(args.startup_timeout_s):.1f}s", flush=True)
         measured = _measure(args, cluster)
-    finally:
-        servers.stop()
 
     payload = {
         "benchmark": NAME,

@@ -34,12 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 
-from benchmarks import _common
+from benchmarks import _cluster, _common
 
 NAME = "sharded_embedding"
 CONFIGS = ("tiny", "100m", "1b")
@@ -86,25 +84,12 @@ def gin_files(config: str) -> list[str]:
             os.path.join(_common.REPO, "configs", "strategies", "parameter_server.gin")]
 
 
-def peak_rss_bytes(pid: int) -> int | None:
-    """VmHWM of a live process, in bytes (None once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 # -- the chief (a separate process per config) ----------------------------------------------------
 
 def chief_main(args: argparse.Namespace) -> None:
     spec = json.loads(args.chief)
     cluster, config = spec["cluster"], spec["config"]
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
-    os.environ["GRPC_FAIL_FAST"] = "use_caller"
+    _cluster.set_chief_env(cluster)
     import gin
     import numpy as np
 
@@ -168,7 +153,7 @@ def chief_main(args: argparse.Namespace) -> None:
         "estimated_bytes_moved_per_step": per_step,
         "dense_read_bytes_per_step": 2 * table_bytes,
         "moved_fraction_of_table": per_step / table_bytes,
-        "chief_peak_rss_bytes": peak_rss_bytes(os.getpid()),
+        "chief_peak_rss_bytes": _cluster.peak_rss_bytes(os.getpid()),
         "environment": _common.environment(),
     }
     print("RESULT " + json.dumps(result), flush=True)
@@ -179,106 +164,19 @@ def chief_main(args: argparse.Namespace) -> None:
 
 # -- one cluster per config -------------------------------------------------------------------------
 
-class Cluster:
-    """ps and worker tasks serving under `python -m tfdist_trainer.cli`, plus the chief process."""
-
-    def __init__(self, config: str, args: argparse.Namespace, run_dir: str):
-        import portpicker
-        self.config, self.args, self.run_dir = config, args, run_dir
-        layout = {"chief": 1, "worker": args.num_workers, "ps": args.num_ps}
-        self.cluster = {t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items()}
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.log_dir = os.path.join(run_dir, "logs")
-        self.peak: dict[str, int] = {}
-
-    def _env(self, task_type: str, index: int) -> dict[str, str]:
-        env = dict(os.environ)
-        env["TF_CONFIG"] = json.dumps({"cluster": self.cluster, "task": {"type": task_type, "index": index}})
-        env["GRPC_FAIL_FAST"] = "use_caller"
-        env["PYTHONUNBUFFERED"] = "1"
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_common.REPO, env.get("PYTHONPATH")]))
-        return env
-
-    def _spawn(self, role: str, cmd: list[str], env: dict[str, str]) -> None:
-        log = open(os.path.join(self.log_dir, role.replace(":", "-") + ".log"), "w")
-        self.procs[role] = subprocess.Popen(cmd, env=env, cwd=_common.REPO, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-
-    def start_servers(self) -> None:
-        os.makedirs(self.log_dir, exist_ok=True)
-        model_dir = os.path.join(self.run_dir, "model_dir")
-        for task_type in ("ps", "worker"):
-            for index in range(len(self.cluster[task_type])):
-                cmd = [sys.executable, "-m", "tfdist_trainer.cli", *[f"--gin_file={g}" for g in gin_files(self.config)],
-                       f"--model_dir={model_dir}", "--chief_gone_grace_s=5"]
-                self._spawn(f"{task_type}:{index}", cmd, self._env(task_type, index))
-
-    def wait_listening(self, timeout_s: float) -> None:
-        from tfdist_trainer.cluster import TaskAddress, is_listening
-        pending = {f"{t}:{i}": TaskAddress(t, i, a) for t in ("ps", "worker") for i, a in enumerate(self.cluster[t])}
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            for role in list(pending):
-                if self.procs[role].poll() is not None:
-                    raise RuntimeError(f"{role} exited before it served; see {self.log_dir}")
-                if is_listening(pending[role], timeout=0.2):
-                    del pending[role]
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"{', '.join(pending)} did not listen within {timeout_s:g}s; logs in {self.log_dir}")
-            time.sleep(0.2)
-
-    def run_chief(self) -> dict:
-        spec = json.dumps({"cluster": self.cluster, "config": self.config})
+def run_config(config: str, args: argparse.Namespace, run_dir: str) -> tuple[dict, dict[str, int]]:
+    """Serving ps/worker tasks for `config`, and a chief process (this module with --chief) that measures."""
+    cluster = _cluster.pick_cluster({"chief": 1, "worker": args.num_workers, "ps": args.num_ps})
+    with _cluster.LocalCluster(cluster, run_dir, gin_files(config)) as tasks:
+        print(f"[{NAME}] {config}: chief + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
+              f"logs in {tasks.log_dir}", flush=True)
+        tasks.start(args.startup_timeout_s)
+        spec = json.dumps({"cluster": cluster, "config": config})
         argv = [a for a in sys.argv[1:] if not a.startswith("--chief")]
-        cmd = [sys.executable, "-m", "benchmarks.sharded_embedding", *argv, f"--chief={spec}"]
-        env = self._env("chief", 0)
-        env.pop("TF_CONFIG")
-        self._spawn("chief:0", cmd, env)
-        chief = self.procs["chief:0"]
-        deadline = time.monotonic() + self.args.chief_timeout_s
-        while chief.poll() is None:  # sample everyone's peak RSS while the chief works
-            self._sample()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {self.config} chief did not finish in {self.args.chief_timeout_s:g}s")
-            time.sleep(0.5)
-        self._sample()
-        with open(os.path.join(self.log_dir, "chief-0.log")) as f:
-            log = f.read()
-        lines = [l for l in log.splitlines() if l.startswith("RESULT ")]
-        if chief.returncode != 0 or not lines:
-            raise RuntimeError(f"the {self.config} chief exited {chief.returncode}:\n{log[-5000:]}")
-        return json.loads(lines[-1][len("RESULT "):])
-
-    def _sample(self) -> None:
-        for role, proc in self.procs.items():
-            if role.startswith("chief"):
-                continue
-            value = peak_rss_bytes(proc.pid)
-            if value is not None:
-                self.peak[role] = max(self.peak.get(role, 0), value)
-
-    def stop(self, grace_s: float = 5.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for proc in self.procs.values():
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        tasks.spawn("chief:0", [sys.executable, "-m", "benchmarks.sharded_embedding", *argv, f"--chief={spec}"],
+                    _cluster.task_env(None))
+        tasks.wait("chief:0", args.chief_timeout_s, sample_rss=True)
+        return tasks.result_line("chief:0"), dict(sorted(tasks.peak.items()))
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -287,17 +185,9 @@ def run(args: argparse.Namespace) -> dict:
     results = []
     for config in args.configs:
         run_dir = os.path.join(out, f"{NAME}_{config}")
-        cluster = Cluster(config, args, run_dir)
-        print(f"[{NAME}] {config}: chief + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
-              f"logs in {cluster.log_dir}", flush=True)
         t0 = time.perf_counter()
-        try:
-            cluster.start_servers()
-            cluster.wait_listening(args.startup_timeout_s)
-            result = cluster.run_chief()
-        finally:
-            cluster.stop()
-        result["peak_rss_bytes"] = dict(sorted(cluster.peak.items()))
+        result, peak_rss = run_config(config, args, run_dir)
+        result["peak_rss_bytes"] = peak_rss
         result["wall_s"] = time.perf_counter() - t0
         results.append(result)
         print(format_row_report(result), flush=True)
