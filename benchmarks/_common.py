@@ -81,8 +81,65 @@ def loss_value(result) -> float:
     return float(getattr(result, "loss", result))
 
 
+def add_model_args(parser, batch_help: str = "global batch (Trainer.global_batch_size)") -> None:
+    """The MNIST recipe model's size and the benchmark pool: the same flags in every benchmark that uses them."""
+    parser.add_argument("--batch_size", type=int, default=64, help=batch_help)
+    parser.add_argument("--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)")
+    parser.add_argument("--dense_units", type=int, default=128)
+    parser.add_argument("--data", default="digits", choices=("digits", "synthetic"))
+    parser.add_argument("--pool_size", type=int, default=4096, help="examples in the synthetic pool")
+
+
 def parse_int_list(text: str) -> list[int]:
     return [int(x) for x in text.replace(" ", "").split(",") if x]
+
+
+def trainer_loop(strategy_config, pool, *, batch_size: int, filters, dense_units: int, steps_per_loop,
+                 seed: int = 0, jit_compile: bool = False):
+    """The library's own training path for a synchronous strategy: build_state + TrainLoop.
+
+    Returns a function that runs n steps (blocking) and returns the mean loss,
+    with the `TrainLoop` as its `.loop` attribute. `steps_per_loop` is an int
+    or 'auto', as the gin binding ``train.steps_per_loop`` takes it.
+    """
+    import keras
+
+    from tfdist_trainer import loops, runner
+
+    keras.utils.set_random_seed(seed)
+    trainer = bench_trainer_cls()(pool=pool, global_batch_size=batch_size, filters=filters, dense_units=dense_units)
+    strategy = strategy_config.create(None)
+    global_step, _ = runner.build_state(trainer, strategy)
+    size = loops.StepsPerLoopTuner() if steps_per_loop == "auto" else steps_per_loop
+    kwargs = {"jit_compile": True} if jit_compile else {}
+    loop = loops.TrainLoop(strategy, trainer, global_step, size, **kwargs)
+
+    def run(steps: int) -> float:
+        return loss_value(loop.train(steps))
+    run.loop = loop
+    return run
+
+
+def time_interleaved(runners: dict[str, Any], steps: int, repeats: int, tag: str) -> dict[str, list[float]]:
+    """Times `runners[name](steps)` `repeats` times each, round by round in rotating order.
+
+    Interleaving makes load drift on a shared machine hit every variant alike;
+    a garbage collection before each timing keeps Python's pauses out of it.
+    Prints steps/s per round; returns {name: [seconds per repetition]}.
+    """
+    import gc
+    import time
+    names = list(runners)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            gc.collect()
+            t0 = time.perf_counter()
+            runners[name](steps)
+            times[name].append(time.perf_counter() - t0)
+        print(f"[{tag}] round {rep + 1}/{repeats}: " +
+              " ".join(f"{n}={steps / times[n][-1]:.1f}" for n in names) + " steps/s", flush=True)
+    return times
 
 
 # -- statistics and reports ------------------------------------------------------
@@ -142,6 +199,22 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def publish(out_dir: str, name: str, payload: dict[str, Any], report: str) -> str:
+    """Writes ``<out_dir>/<name>.json`` and prints the human-readable report and where the JSON went."""
+    path = write_json(out_dir, name, payload)
+    print()
+    print(report)
+    print(f"\n[{name}] wrote {path}", flush=True)
+    return path
+
+
+def exit_now(code: int) -> None:
+    """Flushes and leaves at once: coordinator / collective threads can keep a finished process alive."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def write_json(out_dir: str, name: str, payload: dict[str, Any]) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{name}.json")
@@ -149,3 +222,21 @@ def write_json(out_dir: str, name: str, payload: dict[str, Any]) -> str:
         json.dump(payload, f, indent=2, sort_keys=False)
         f.write("\n")
     return path
+
+
+# -- the combined report (run_all) ------------------------------------------------------------------
+
+def figure(name: str, value: float, unit: str, *, baseline: str, ratio: float | None, ratio_label: str,
+           repetitions: int, spread: Sequence[float] | None, target: str | None = None,
+           meets_target: bool | None = None) -> dict[str, Any]:
+    """One headline figure of a benchmark, as run_all tabulates and charts it.
+
+    Every figure names its baseline (measured in the same run), the ratio to
+    it and what the ratio means (`ratio_label`, e.g. "speedup" or "time
+    ratio"), the number of repetitions, and the spread of the ratio over them
+    (min, max), so that a reader can tell a real gap from noise.
+    """
+    return {"figure": name, "value": value, "unit": unit, "baseline": baseline, "ratio": ratio,
+            "ratio_label": ratio_label, "repetitions": repetitions,
+            "spread": list(spread) if spread is not None else None,
+            "target": target, "meets_target": meets_target}

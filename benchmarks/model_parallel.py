@@ -151,14 +151,25 @@ def main(argv: list[str]) -> int:
         ratio = summary[f"pipelined_speedup_{d}_devices"]
         print(f"pipelined ({args.micro_batches} micro-batches) vs unpipelined on {d} devices: "
               f"{ratio['median']:.2f}x steps/s (paired per round, min..max {ratio['min']:.2f}..{ratio['max']:.2f})")
+    figures = []
+    for d in args.devices:
+        for name in (f"mp{d}", f"mp{d}_pipelined"):
+            p = results[name]["speedup_vs_one_device_paired"]
+            mb = results[name]["micro_batches"]
+            figures.append(_common.figure(
+                f"model_parallel LM on {d} devices" + (f", {mb} micro-batches" if mb > 1 else "") + ", steps/s",
+                results[name]["steps_per_s"], "steps/s", baseline="one_device (the whole model on one device)",
+                ratio=p["median"], ratio_label="speedup", repetitions=args.repeats, spread=[p["min"], p["max"]]))
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
+        "command": " ".join(["python -m benchmarks.model_parallel", *sys.argv[1:]]),
         "baseline": BASELINE,
         "config": {k: v for k, v in vars(args).items() if k != "out"},
         "environment": _common.environment(),
         "results": results,
         "summary": summary,
+        "figures": figures,
     }
     path = _common.write_json(args.out, NAME, payload)
     print(f"\nwrote {path}")

@@ -41,7 +41,8 @@ NAME = "ps_steps_per_loop"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ps_steps_per_loop", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps_per_loop", default="1,10,100", help="comma-separated K values; the first is the baseline")
+    p.add_argument("--steps_per_loop", default="1,10,100,auto",
+                   help="comma-separated K values, or 'auto' (the tuner); the first is the baseline")
     p.add_argument("--steps", type=int, default=1000, help="timed steps per repetition, K and call size")
     p.add_argument("--steps_per_call", default="100,1000",
                    help="comma-separated steps per loop.train() call (tfdist-train: the log interval; "
@@ -49,13 +50,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup_steps", type=int, default=200,
                    help="untimed steps per K first (at least num_workers * K, so every worker runs a closure)")
+    p.add_argument("--max_tuning_steps", type=int, default=5000, help="cap on the untimed search of 'auto'")
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--num_ps", type=int, default=1)
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)")
-    p.add_argument("--dense_units", type=int, default=128)
-    p.add_argument("--data", default="digits", choices=("digits", "synthetic"))
-    p.add_argument("--pool_size", type=int, default=4096, help="examples in the synthetic pool")
+    _common.add_model_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup_timeout_s", type=float, default=180.0)
     p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for ps_steps_per_loop.json and task logs")
@@ -64,17 +62,39 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.smoke:
         args.steps, args.repeats, args.warmup_steps, args.steps_per_call = 20, 1, 10, "20"
         args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
-    args.steps_per_loop = _common.parse_int_list(args.steps_per_loop)
+    try:
+        args.steps_per_loop = [k if k == "auto" else int(k) for k in args.steps_per_loop.replace(" ", "").split(",") if k]
+    except ValueError:
+        p.error(f"--steps_per_loop needs positive integers or 'auto', got {args.steps_per_loop!r}")
     args.steps_per_call = _common.parse_int_list(args.steps_per_call)
     args.filters = tuple(_common.parse_int_list(args.filters))
     for name in ("steps", "repeats", "num_workers", "num_ps", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if not args.steps_per_loop or min(args.steps_per_loop) < 1:
-        p.error(f"--steps_per_loop needs positive integers, got {args.steps_per_loop}")
+    if not args.steps_per_loop or args.steps_per_loop[0] == "auto" or min(fixed_values(args.steps_per_loop)) < 1:
+        p.error(f"--steps_per_loop needs positive integers (the first fixed: the baseline), got {args.steps_per_loop}")
     if not args.steps_per_call or min(args.steps_per_call) < 1 or any(args.steps % c for c in args.steps_per_call):
         p.error(f"--steps_per_call values must divide --steps={args.steps}, got {args.steps_per_call}")
     return args
+
+
+def fixed_values(values: list) -> list[int]:
+    return [k for k in values if k != "auto"]
+
+
+def effective_closure_size(steps_per_loop: int, steps_per_call: int, num_workers: int) -> int:
+    """The closure size ScheduledTrainLoop uses: never fewer closures per call than workers."""
+    return max(1, min(steps_per_loop, -(-steps_per_call // num_workers)))
+
+
+def _warm_up_auto(loop, call: int, num_workers: int, max_steps: int) -> int:
+    """Runs `call`-step train() calls until the tuner settles or grows past the closure cap."""
+    done = 0
+    while (not loop.size.frozen and loop.steps_per_loop <= effective_closure_size(1 << 30, call, num_workers)
+           and done < max_steps):
+        loop.train(call)
+        done += call
+    return done
 
 
 # -- the measurement --------------------------------------------------------------------------------
@@ -105,13 +125,21 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
         # One shallow copy per loop (sharing model, optimizer, metrics): the loop function sets
         # Python attributes on the Trainer while tracing (trainer.step), which must not leak from
         # one loop's graph into the next loop's trace.
-        loop_of[k] = loops.ScheduledTrainLoop(strategy, coordinator, copy.copy(trainer), global_step, k)
-        warmup = args.warmup_steps if args.smoke else max(args.warmup_steps, args.num_workers * k)
-        loss = _common.loss_value(loop_of[k].train(warmup))
+        size = loops.StepsPerLoopTuner() if k == "auto" else k
+        loop_of[k] = loops.ScheduledTrainLoop(strategy, coordinator, copy.copy(trainer), global_step, size,
+                                              num_workers=args.num_workers)
+        if k == "auto":
+            warmup = _warm_up_auto(loop_of[k], max(args.steps_per_call), args.num_workers, args.max_tuning_steps)
+            loss = None  # tuning calls: their losses are not kept
+        else:
+            warmup = args.warmup_steps if args.smoke else max(args.warmup_steps, args.num_workers * k)
+            loss = _common.loss_value(loop_of[k].train(warmup))
         expected_step += warmup
-        info[k] = {"build_and_warmup_s": time.perf_counter() - t0, "warmup_steps": warmup, "warmup_loss": loss}
+        info[k] = {"build_and_warmup_s": time.perf_counter() - t0, "warmup_steps": warmup, "warmup_loss": loss,
+                   "effective_steps_per_loop": loop_of[k].steps_per_loop}
         print(f"[{NAME}] steps_per_loop={k}: built and warmed up ({warmup} steps) in "
-              f"{info[k]['build_and_warmup_s']:.1f}s (loss {loss:.4f})", flush=True)
+              f"{info[k]['build_and_warmup_s']:.1f}s, closures of up to {loop_of[k].steps_per_loop} steps",
+              flush=True)
 
     times: dict[tuple[int, int], list[float]] = {kc: [] for kc in configs}
     losses = {}
@@ -127,10 +155,11 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
             f"K={k}/call={c}: {args.steps / times[(k, c)][-1]:.1f}" for k, c in configs) + " steps/s", flush=True)
 
     final_step = int(global_step.numpy())
-    base_k = args.steps_per_loop[0]
+    base_k = args.steps_per_loop[0]  # a fixed value (checked by parse_args)
     results = []
     for k, c in configs:
-        r = {"steps_per_loop": k, "steps_per_call": c, "closures_per_call": -(-c // k),
+        size = effective_closure_size(loop_of[k].steps_per_loop, c, args.num_workers)
+        r = {"steps_per_loop": k, "steps_per_call": c, "closures_per_call": -(-c // size),
              **_common.summarize(times[(k, c)], args.steps), "final_loss": losses[(k, c)], **info[k]}
         base = times[(base_k, c)]
         r["speedup_vs_baseline"] = _common.summarize(base, args.steps)["time_s_median"] / r["time_s_median"]
@@ -140,32 +169,53 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
             "global_step_exact": final_step == expected_step, "environment": _common.environment()}
 
 
-def recommend(results: list[dict], num_workers: int, tie: float = 0.95) -> dict:
-    """Picks a default steps_per_loop from the measurements; the rule is spelled out in the result.
+def recommend(results: list[dict], tie: float = 0.95) -> dict:
+    """Picks a default fixed steps_per_loop from the measurements; the rule is spelled out in the result.
 
-    Candidates are the K that give every worker a closure in each train()
-    call at every measured steps/call (ceil(call / K) >= num_workers): a
-    larger K leaves workers idle until the next call, which this one machine
-    hides (idle workers' cores go to the busy one) but a real cluster would
-    not. Among them, the best worst-case steps/s relative to the fastest K at
-    each call size wins; candidates within `tie` of it go to the smallest K
-    (less work re-run when a worker dies mid-closure).
+    The best worst-case steps/s relative to the fastest fixed K at each
+    call size wins; candidates within `tie` of it go to the smallest K (less
+    work re-run when a worker dies mid-closure). ScheduledTrainLoop already
+    caps a closure at ceil(call / num_workers) steps, so no K leaves workers
+    idle within a call.
     """
+    results = [r for r in results if r["steps_per_loop"] != "auto"]
     calls = sorted({r["steps_per_call"] for r in results})
     best = {c: max(r["steps_per_s"] for r in results if r["steps_per_call"] == c) for c in calls}
     relative: dict[int, float] = {}
     for r in results:
         k, rel = r["steps_per_loop"], r["steps_per_s"] / best[r["steps_per_call"]]
         relative[k] = min(relative.get(k, rel), rel)
-    busy = [k for k in relative if all(-(-c // k) >= num_workers for c in calls)] or list(relative)
-    top = max(relative[k] for k in busy)
-    pick = min(k for k in busy if relative[k] >= tie * top)
+    top = max(relative.values())
+    pick = min(k for k in relative if relative[k] >= tie * top)
     return {"steps_per_loop": pick, "worst_relative_steps_per_s": relative[pick],
             "relative_steps_per_s_by_steps_per_loop": {str(k): v for k, v in sorted(relative.items())},
-            "keeps_all_workers_busy": sorted(busy),
-            "rule": f"among steps_per_loop values that give all {num_workers} workers a closure per train() call "
-                    f"at every steps/call ({', '.join(map(str, calls))}), the best worst-case steps/s relative "
-                    f"to the fastest (ties within {1 - tie:.0%} to the smaller)"}
+            "rule": f"the best worst-case steps/s relative to the fastest fixed value at every steps/call "
+                    f"({', '.join(map(str, calls))}); ties within {1 - tie:.0%} go to the smaller"}
+
+
+def figures(results: list[dict], repeats: int, baseline_k: int) -> list[dict]:
+    """Per call size: the best fixed K against the baseline K, and 'auto' against the best fixed K."""
+    out = []
+    for c in sorted({r["steps_per_call"] for r in results}):
+        at_c = [r for r in results if r["steps_per_call"] == c]
+        fixed = [r for r in at_c if r["steps_per_loop"] != "auto"]
+        best = max(fixed, key=lambda r: r["steps_per_s"])
+        p = best["speedup_vs_baseline_paired"]
+        out.append(_common.figure(
+            f"parameter_server steps_per_loop={best['steps_per_loop']} (best fixed), {c} steps/call",
+            best["steps_per_s"], "steps/s", baseline=f"steps_per_loop={baseline_k}",
+            ratio=best["speedup_vs_baseline"], ratio_label="speedup", repetitions=repeats,
+            spread=[p["min"], p["max"]]))
+        for auto in [r for r in at_c if r["steps_per_loop"] == "auto"]:
+            rel = auto["steps_per_s"] / best["steps_per_s"]
+            ratios = [b / a for a, b in zip(auto["times_s"], best["times_s"])]
+            out.append(_common.figure(
+                f"parameter_server steps_per_loop='auto' (settled on {auto['effective_steps_per_loop']}), "
+                f"{c} steps/call", auto["steps_per_s"], "steps/s",
+                baseline=f"best fixed (steps_per_loop={best['steps_per_loop']})", ratio=rel,
+                ratio_label="relative speed", repetitions=repeats, spread=[min(ratios), max(ratios)],
+                target=">= 0.9", meets_target=rel >= 0.9))
+    return out
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -196,12 +246,10 @@ def run(args: argparse.Namespace) -> dict:
         "global_step": measured["global_step"],
         "expected_global_step": measured["expected_global_step"],
         "global_step_exact": measured["global_step_exact"],
-        "recommendation": recommend(measured["results"], args.num_workers),
+        "recommendation": recommend(measured["results"]),
+        "figures": figures(measured["results"], args.repeats, args.steps_per_loop[0]),
     }
-    path = _common.write_json(out, NAME, payload)
-    print()
-    print(format_report(payload))
-    print(f"\n[{NAME}] wrote {path}", flush=True)
+    _common.publish(out, NAME, payload, format_report(payload))
     return payload
 
 
@@ -233,8 +281,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The coordinator's threads can keep a finished chief alive; the results are written by now.
-    os._exit(code)
+    _common.exit_now(main())  # coordinator / collective threads could keep a finished process alive

@@ -1,10 +1,14 @@
-"""Runs every benchmark (each in its own process) and prints one combined table: `make bench`.
+"""Runs every benchmark (each in its own process), prints one table, writes JSON and a PNG chart: `make bench`.
 
-    python -m benchmarks.run_all [--out=bench_out] [--smoke] [--only=trainer_vs_baselines,ps_steps_per_loop]
-                                 [--trainer_args="--steps=2000"] [--ps_args="--repeats=5"]
+    python -m benchmarks.run_all [--out=bench_out] [--smoke] [--only=trainer_vs_baselines,ps_ratios]
+                                 [--args="trainer_vs_baselines=--steps=1000 --repeats=5"] ...
 
-Each benchmark writes ``<out>/<name>.json``; this script adds ``<out>/run_all.json``
-(the combined rows) and exits non-zero if any benchmark failed.
+Each benchmark writes ``<out>/<name>.json`` with its measurements and a
+``figures`` list (see `_common.figure`): a value, the baseline measured in
+the same run, the ratio to it, the repetitions and the spread. This script
+gathers every figure into one table, ``<out>/run_all.json`` and the chart
+``<out>/run_all.png``, and exits non-zero if any benchmark failed (the others
+still run and are reported).
 """
 
 from __future__ import annotations
@@ -19,109 +23,112 @@ import time
 
 from benchmarks import _common
 
-BENCHMARKS = ("trainer_vs_baselines", "ps_steps_per_loop")
+# In the order they run: in-process benchmarks first, then the multi-process clusters.
+BENCHMARKS = (
+    "trainer_vs_baselines",     # Trainer vs hand-written loop vs Keras 3 fit (one_device)
+    "steps_per_loop_auto",      # 'auto' vs fixed steps_per_loop (one_device)
+    "mirrored_vs_one_device",   # mirrored on 2 logical CPUs vs one_device
+    "mnist_time_to_accuracy",   # MNIST recipe: time to 97% test accuracy, Trainer vs fit
+    "mwms_allreduce",           # multi_worker_mirrored, 2 workers: all-reduce vs the raw collective
+    "ps_steps_per_loop",        # parameter_server steps_per_loop 1, 10, 100, 'auto'
+    "ps_vs_tf_keras",           # parameter_server Trainer vs tf-keras 2 fit under PSS (separate venv)
+    "ps_ratios",                # parameter_server ps:worker 1:1, 1:2, 2:2
+    "sharded_embedding",        # sharded embedding steps/s and bytes per step vs one variable per table
+    "model_parallel",           # model_parallel LM over logical devices vs one_device
+)
+COLUMNS = ["benchmark", "figure", "value", "baseline (same run)", "ratio", "spread min..max", "reps", "target"]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.run_all", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=_common.DEFAULT_OUT)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (for tests)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (for tests; not meaningful)")
     p.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated subset of the benchmarks")
-    p.add_argument("--trainer_args", default="", help="extra arguments for trainer_vs_baselines")
-    p.add_argument("--ps_args", default="", help="extra arguments for ps_steps_per_loop")
+    p.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
+                   help="extra command-line arguments for one benchmark, e.g. 'ps_ratios=--rounds=3'")
     args = p.parse_args(argv)
-    args.only = [b for b in args.only.split(",") if b]
+    args.only = [b for b in args.only.replace(" ", "").split(",") if b]
     unknown = sorted(set(args.only) - set(BENCHMARKS))
     if unknown:
         p.error(f"--only: unknown {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
+    extra: dict[str, list[str]] = {}
+    for item in args.args:
+        name, sep, rest = item.partition("=")
+        if not sep or name not in BENCHMARKS:
+            p.error(f"--args needs NAME=ARGS with NAME one of {', '.join(BENCHMARKS)}, got {item!r}")
+        extra.setdefault(name, []).extend(shlex.split(rest))
+    args.extra = extra
     return args
 
 
-def _run_one(name: str, args: argparse.Namespace) -> tuple[int, float]:
-    extra = shlex.split(args.trainer_args if name == "trainer_vs_baselines" else args.ps_args)
+def run_one(name: str, args: argparse.Namespace) -> tuple[int, float]:
     cmd = [sys.executable, "-m", f"benchmarks.{name}", f"--out={args.out}", *(["--smoke"] if args.smoke else []),
-           *extra]
+           *args.extra.get(name, [])]
     env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_common.REPO, env.get("PYTHONPATH")]))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    print(f"[run_all] {' '.join(cmd[1:])}", flush=True)
+    print(f"\n[run_all] {' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
     code = subprocess.call(cmd, env=env, cwd=_common.REPO)
     return code, time.perf_counter() - t0
 
 
-def combined_rows(payloads: dict[str, dict]) -> list[list[str]]:
+def _number(value: float, unit: str) -> str:
+    if unit == "bytes/step":
+        return f"{value / 2**20:,.2f} MiB/step"
+    if abs(value) >= 100:
+        return f"{value:,.0f} {unit}"
+    return f"{value:.3g} {unit}"
+
+
+def table_rows(figures: list[dict]) -> list[list[str]]:
     rows = []
-    tvb = payloads.get("trainer_vs_baselines")
-    if tvb:
-        base = tvb["baseline"]
-        for name, r in tvb["results"].items():
-            rows.append(["trainer_vs_baselines", name, f"{r['steps_per_s']:.1f}",
-                         f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}", f"{r['time_s_median']:.3f}",
-                         f"{r['time_ratio_vs_baseline']:.3f} (time / {base})"])
-    ps = payloads.get("ps_steps_per_loop")
-    if ps:
-        for r in ps["results"]:
-            rows.append(["ps_steps_per_loop", f"steps_per_loop={r['steps_per_loop']}, {r['steps_per_call']} steps/call",
-                         f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
-                         f"{r['time_s_median']:.3f}", f"{r['speedup_vs_baseline']:.2f}x (vs {ps['baseline']})"])
+    for f in figures:
+        ratio = "-" if f["ratio"] is None else f"{f['ratio']:.3f} {f['ratio_label']}"
+        spread = "-" if not f["spread"] else f"{f['spread'][0]:.3f}..{f['spread'][1]:.3f}"
+        target = f["target"] or "-"
+        if f["meets_target"] is not None:
+            target += " met" if f["meets_target"] else " NOT met"
+        rows.append([f["benchmark"], f["figure"], _number(f["value"], f["unit"]), f["baseline"], ratio, spread,
+                     str(f["repetitions"]), target])
     return rows
-
-
-def headlines(payloads: dict[str, dict]) -> list[str]:
-    lines = []
-    tvb = payloads.get("trainer_vs_baselines")
-    if tvb:
-        s = tvb["summary"]
-        if "trainer_over_handwritten_time" in s:
-            lines.append(f"trainer / handwritten time = {s['trainer_over_handwritten_time']:.3f} "
-                         f"(target <= {s['trainer_over_handwritten_target_max']}: "
-                         f"{'met' if s['trainer_over_handwritten_meets_target'] else 'NOT met'})")
-        if "trainer_speedup_vs_fit_default" in s:
-            lines.append(f"trainer speedup vs fit default = {s['trainer_speedup_vs_fit_default']:.2f}x "
-                         f"(target >= {s['trainer_speedup_vs_fit_default_target_min']}x: "
-                         f"{'met' if s['trainer_speedup_vs_fit_default_meets_target'] else 'NOT met'})")
-        if "trainer_speedup_vs_fit_spe100" in s:
-            lines.append(f"trainer speedup vs fit steps_per_execution=100 = {s['trainer_speedup_vs_fit_spe100']:.2f}x")
-    ps = payloads.get("ps_steps_per_loop")
-    if ps:
-        rec = ps["recommendation"]
-        lines.append(f"parameter_server: recommended parameter_server.steps_per_loop = {rec['steps_per_loop']} "
-                     f"({rec['rule']})")
-        if not ps.get("global_step_exact", True):
-            lines.append("parameter_server: WARNING global step differs from the steps run")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    payloads, status = {}, {}
+    status, figures, environments = {}, [], {}
     for name in args.only:
-        code, seconds = _run_one(name, args)
-        status[name] = {"exit_code": code, "wall_s": seconds}
+        code, seconds = run_one(name, args)
+        status[name] = {"exit_code": code, "wall_s": round(seconds, 1)}
         path = os.path.join(args.out, f"{name}.json")
-        if code == 0 and os.path.exists(path):
-            with open(path) as f:
-                payloads[name] = json.load(f)
-        else:
-            print(f"[run_all] {name} failed with exit code {code}", flush=True)
+        if code != 0 or not os.path.exists(path):
+            print(f"[run_all] {name} FAILED with exit code {code}", flush=True)
+            status[name]["exit_code"] = code or 1
+            continue
+        with open(path) as f:
+            payload = json.load(f)
+        environments[name] = payload.get("environment")
+        figures += [{"benchmark": name, **fig} for fig in payload.get("figures", [])]
 
-    rows = combined_rows(payloads)
-    print("\n== combined benchmark results" + (" (SMOKE: tiny sizes, not meaningful)" if args.smoke else "") + " ==")
-    if rows:
-        print(_common.format_table(["benchmark", "variant", "steps/s", "steps/s min..max", "time s", "ratio"], rows,
-                                  left=(0, 1, 5)))
-    for line in headlines(payloads):
-        print(line)
+    title = "tfdist_trainer benchmarks" + (" (SMOKE: tiny sizes, not meaningful)" if args.smoke else "")
+    print(f"\n== {title} ==")
+    print(_common.format_table(COLUMNS, table_rows(figures), left=(0, 1, 3, 7)))
     for name, st in status.items():
-        print(f"{name}: exit {st['exit_code']} in {st['wall_s']:.0f}s")
+        print(f"  {name}: {'ok' if st['exit_code'] == 0 else 'FAILED exit ' + str(st['exit_code'])} "
+              f"in {st['wall_s']:.0f}s")
+
+    from benchmarks import chart
+    env = _common.environment()
+    gpus = sorted({g for e in environments.values() if e for g in e.get("gpus", [])})
+    png = chart.write_chart(figures, os.path.join(args.out, "run_all.png"),
+                            f"{title}; {env['cpu_count']} CPUs" + (f", GPUs {', '.join(gpus)}" if gpus else ", no GPU"))
     path = _common.write_json(args.out, "run_all", {
-        "smoke": args.smoke, "status": status,
-        "columns": ["benchmark", "variant", "steps/s", "steps/s min..max", "time s", "ratio"],
-        "rows": rows, "headlines": headlines(payloads)})
-    print(f"[run_all] wrote {path}", flush=True)
-    return 0 if all(st["exit_code"] == 0 for st in status.values()) and len(payloads) == len(args.only) else 1
+        "smoke": args.smoke, "status": status, "environment": env, "gpus": gpus, "columns": COLUMNS,
+        "rows": table_rows(figures), "figures": figures, "chart": png})
+    print(f"[run_all] wrote {path}" + (f" and {png}" if png else ""), flush=True)
+    return 0 if all(st["exit_code"] == 0 for st in status.values()) else 1
 
 
 if __name__ == "__main__":

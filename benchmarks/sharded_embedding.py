@@ -41,6 +41,7 @@ from benchmarks import _cluster, _common
 
 NAME = "sharded_embedding"
 CONFIGS = ("tiny", "100m", "1b")
+UNSHARDED = ("ClickTrainer.num_shards = 1",)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -60,6 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--startup_timeout_s", type=float, default=180.0)
     p.add_argument("--chief_timeout_s", type=float, default=3600.0)
     p.add_argument("--gin_bindings", action="append", default=[], help="extra gin bindings for every config")
+    p.add_argument("--baseline", default="unsharded", choices=("unsharded", "none"),
+                   help="also run each config with ClickTrainer.num_shards = 1 (one variable per table, "
+                        "as a plain Keras Embedding under ParameterServerStrategy) as the baseline")
     p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for sharded_embedding.json and task logs")
     p.add_argument("--smoke", action="store_true", help="the tiny config, few steps, one repetition (for tests)")
     p.add_argument("--chief", help=argparse.SUPPRESS)  # internal: run as the chief of this JSON cluster spec
@@ -96,7 +100,7 @@ def chief_main(args: argparse.Namespace) -> None:
     from tfdist_trainer import layers, loops, runner
     from tfdist_trainer.config import load_experiment
 
-    bindings = [f"parameter_server.steps_per_loop={args.steps_per_loop}", *args.gin_bindings]
+    bindings = [f"parameter_server.steps_per_loop={args.steps_per_loop}", *args.gin_bindings, *spec["bindings"]]
     if args.batch_size:
         bindings.append(f"Trainer.global_batch_size={args.batch_size}")
     experiment = load_experiment(gin_files(config), bindings)
@@ -164,14 +168,15 @@ def chief_main(args: argparse.Namespace) -> None:
 
 # -- one cluster per config -------------------------------------------------------------------------
 
-def run_config(config: str, args: argparse.Namespace, run_dir: str) -> tuple[dict, dict[str, int]]:
+def run_config(config: str, args: argparse.Namespace, run_dir: str,
+               bindings: tuple[str, ...] = ()) -> tuple[dict, dict[str, int]]:
     """Serving ps/worker tasks for `config`, and a chief process (this module with --chief) that measures."""
     cluster = _cluster.pick_cluster({"chief": 1, "worker": args.num_workers, "ps": args.num_ps})
     with _cluster.LocalCluster(cluster, run_dir, gin_files(config)) as tasks:
         print(f"[{NAME}] {config}: chief + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
               f"logs in {tasks.log_dir}", flush=True)
         tasks.start(args.startup_timeout_s)
-        spec = json.dumps({"cluster": cluster, "config": config})
+        spec = json.dumps({"cluster": cluster, "config": config, "bindings": list(bindings)})
         argv = [a for a in sys.argv[1:] if not a.startswith("--chief")]
         tasks.spawn("chief:0", [sys.executable, "-m", "benchmarks.sharded_embedding", *argv, f"--chief={spec}"],
                     _cluster.task_env(None))
@@ -182,15 +187,23 @@ def run_config(config: str, args: argparse.Namespace, run_dir: str) -> tuple[dic
 def run(args: argparse.Namespace) -> dict:
     _common.quiet_tensorflow()
     out = os.path.abspath(args.out)
-    results = []
+    results, baselines = [], {}
     for config in args.configs:
-        run_dir = os.path.join(out, f"{NAME}_{config}")
-        t0 = time.perf_counter()
-        result, peak_rss = run_config(config, args, run_dir)
-        result["peak_rss_bytes"] = peak_rss
-        result["wall_s"] = time.perf_counter() - t0
-        results.append(result)
-        print(format_row_report(result), flush=True)
+        variants = [("sharded", ())]
+        if args.baseline == "unsharded":
+            variants.append(("unsharded", UNSHARDED))
+        for variant, bindings in variants:
+            run_dir = os.path.join(out, f"{NAME}_{config}_{variant}")
+            t0 = time.perf_counter()
+            result, peak_rss = run_config(config, args, run_dir, bindings)
+            result["variant"] = variant
+            result["peak_rss_bytes"] = peak_rss
+            result["wall_s"] = time.perf_counter() - t0
+            print(format_row_report(result), flush=True)
+            if variant == "sharded":
+                results.append(result)
+            else:
+                baselines[config] = result
 
     payload = {
         "benchmark": NAME,
@@ -202,17 +215,41 @@ def run(args: argparse.Namespace) -> dict:
                    "batch_size": args.batch_size, "gin_bindings": args.gin_bindings, "strategy": "parameter_server"},
         "environment": results[0]["environment"] if results else _common.environment(),
         "results": {r["config"]: r for r in results},
+        "baselines": baselines,
+        "figures": figures(results, baselines, args.repeats),
     }
     if len(results) > 1:
         base = results[0]
         payload["ratios_vs_" + base["config"]] = {
             r["config"]: {"table_bytes": r["table_bytes"] / base["table_bytes"],
                           "steps_per_s": r["steps_per_s"] / base["steps_per_s"]} for r in results[1:]}
-    path = _common.write_json(out, NAME, payload)
-    print()
-    print(format_report(payload))
-    print(f"\n[{NAME}] wrote {path}", flush=True)
+    _common.publish(out, NAME, payload, format_report(payload))
     return payload
+
+
+def figures(results: list[dict], baselines: dict[str, dict], repeats: int) -> list[dict]:
+    """Per config: steps/s against the unsharded baseline, and the estimated bytes moved per step."""
+    out = []
+    for r in results:
+        base = baselines.get(r["config"])
+        if base:
+            ratio = r["steps_per_s"] / base["steps_per_s"]
+            # Separate clusters, so no pairing: the widest range the repetitions allow.
+            spread = [r["steps_per_s_min"] / base["steps_per_s_max"], r["steps_per_s_max"] / base["steps_per_s_min"]]
+        else:
+            ratio, spread = None, None
+        out.append(_common.figure(
+            f"sharded embedding {r['config']} ({r['table_parameters'] / 1e6:.1f} M table params, "
+            f"{r['num_shards']} shards), steps/s", r["steps_per_s"], "steps/s",
+            baseline="num_shards=1 (one variable per table)" if base else "none",
+            ratio=ratio, ratio_label="speedup", repetitions=repeats, spread=spread))
+        out.append(_common.figure(
+            f"sharded embedding {r['config']}, bytes moved per step (estimate)",
+            r["estimated_bytes_moved_per_step"], "bytes/step",
+            baseline="a dense read and write of the whole tables per step",
+            ratio=r["estimated_bytes_moved_per_step"] / r["dense_read_bytes_per_step"], ratio_label="fraction",
+            repetitions=repeats, spread=None))
+    return out
 
 
 def _mib(n: float | None) -> str:
@@ -240,6 +277,16 @@ def format_report(payload: dict) -> str:
                            f"{r['estimated_bytes_moved_per_step'] / 2**20:,.2f}",
                            f"{r['table_bytes'] / 2**20:,.1f}", f"{r['moved_fraction_of_table']:.2e}",
                            f"{r['dense_read_bytes_per_step'] / max(r['estimated_bytes_moved_per_step'], 1):,.0f}x"])
+    for name, b in payload.get("baselines", {}).items():
+        r = payload["results"][name]
+        rows.append([f"{name} num_shards=1", f"{b['table_parameters'] / 1e6:,.1f}", b["num_shards"], b["batch_size"],
+                     f"{b['steps_per_s']:.1f}", f"{b['steps_per_s_min']:.1f}..{b['steps_per_s_max']:.1f}",
+                     f"{b['examples_per_s']:,.0f}", f"{b['build_state_s']:.1f}",
+                     f"{100 * b['ps_imbalance']:.1f}%",
+                     " / ".join(_mib(v) for role, v in b["peak_rss_bytes"].items() if role.startswith("ps")),
+                     _mib(b["chief_peak_rss_bytes"])])
+        rows.append(["  sharded / num_shards=1", "", "", "", f"{r['steps_per_s'] / b['steps_per_s']:.2f}x",
+                     "", "", "", "", "", ""])
     lines = [f"parameter_server: chief + {cfg['num_workers']} workers + {cfg['num_ps']} ps on 127.0.0.1, "
              f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), "
              f"steps_per_loop {cfg['steps_per_loop']}, {cfg['steps_per_call']} steps per call",
@@ -263,7 +310,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    _common.exit_now(main())  # coordinator / collective threads could keep a finished process alive

@@ -39,14 +39,14 @@ NAME = "trainer_vs_baselines"
 BASELINE = "handwritten"
 DEFAULT_VARIANTS = ("trainer", "handwritten", "fit_default", "fit_spe100")
 ALL_VARIANTS = DEFAULT_VARIANTS + ("trainer_jit", "fit_default_nojit", "fit_spe100_nojit")
-TARGET_TRAINER_OVER_HANDWRITTEN = 1.05   # time ratio, at most
+TARGET_TRAINER_OVER_HANDWRITTEN = 1.03   # time ratio, at most
 TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.7      # fit_default time / trainer time, at least
 
 DESCRIPTIONS = {
     "trainer": "tfdist_trainer TrainLoop, steps_per_loop={spl}",
     "handwritten": "tf.function loop, {spl} steps/call",
-    "fit_default": "Keras model.fit, defaults",
-    "fit_spe100": "Keras model.fit, steps_per_execution={spl}",
+    "fit_default": "Keras 3 model.fit, defaults",
+    "fit_spe100": "Keras 3 model.fit, steps_per_execution={spl}",
     "trainer_jit": "TrainLoop, steps_per_loop={spl}, jit_compile=True",
     "fit_default_nojit": "Keras model.fit, jit_compile=False",
     "fit_spe100_nojit": "model.fit, steps_per_execution={spl}, jit_compile=False",
@@ -62,11 +62,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup_steps", type=int, default=200, help="untimed steps per variant first")
     p.add_argument("--steps_per_loop", type=int, default=100,
                    help="steps per tf.function call (trainer, handwritten) and steps_per_execution (fit_spe100)")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)")
-    p.add_argument("--dense_units", type=int, default=128)
-    p.add_argument("--data", default="digits", choices=("digits", "synthetic"))
-    p.add_argument("--pool_size", type=int, default=4096, help="examples in the synthetic pool")
+    _common.add_model_args(p)
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help=f"comma-separated subset of {','.join(ALL_VARIANTS)}; must include {BASELINE}")
     p.add_argument("--seed", type=int, default=0)
@@ -261,12 +257,38 @@ def run(args: argparse.Namespace) -> dict:
         "baseline": BASELINE,
         "results": results,
         "summary": summary,
+        "figures": figures(results, summary, times, args.repeats),
     }
-    path = _common.write_json(args.out, NAME, payload)
-    print()
-    print(format_report(payload))
-    print(f"\n[{NAME}] wrote {path}", flush=True)
+    _common.publish(args.out, NAME, payload, format_report(payload))
     return payload
+
+
+def figures(results: dict, summary: dict, times: dict, repeats: int) -> list[dict]:
+    """The trainer against the hand-written loop (overhead) and against each Keras fit variant (speedup)."""
+    out = []
+    if "trainer" not in results:
+        return out
+    p = summary["trainer_over_handwritten_time_paired"]
+    out.append(_common.figure(
+        "Trainer one_device, overhead vs a hand-written tf.function loop", results["trainer"]["steps_per_s"],
+        "steps/s", baseline="hand-written tf.function loop", ratio=summary["trainer_over_handwritten_time"],
+        ratio_label="time ratio", repetitions=repeats, spread=[p["min"], p["max"]],
+        target=f"<= {TARGET_TRAINER_OVER_HANDWRITTEN}", meets_target=summary["trainer_over_handwritten_meets_target"]))
+    for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
+        if fit not in results:
+            continue
+        p = summary[f"trainer_speedup_vs_{fit}_paired"]
+        ratio = summary[f"trainer_speedup_vs_{fit}"]
+        target, meets = None, None
+        if fit == "fit_default":
+            target, meets = f">= {TARGET_SPEEDUP_VS_FIT_DEFAULT}", ratio >= TARGET_SPEEDUP_VS_FIT_DEFAULT
+        elif fit == "fit_spe100":
+            target, meets = ">= 1.0", ratio >= 1.0
+        out.append(_common.figure(
+            f"Trainer one_device vs {results[fit]['description']}", results["trainer"]["steps_per_s"],
+            "steps/s", baseline=results[fit]["description"], ratio=ratio, ratio_label="speedup",
+            repetitions=repeats, spread=[p["min"], p["max"]], target=target, meets_target=meets))
+    return out
 
 
 def format_report(payload: dict) -> str:

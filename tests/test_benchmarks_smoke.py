@@ -36,11 +36,28 @@ def _load(out: str, name: str) -> dict:
         return json.load(f)
 
 
-@pytest.mark.timeout(300)
-def test_run_all_smoke_runs_trainer_vs_baselines(tmp_path):
+FIGURE_KEYS = {"figure", "value", "unit", "baseline", "ratio", "ratio_label", "repetitions", "spread", "target",
+               "meets_target"}
+
+
+def _check_figures(payload: dict, at_least: int = 1) -> list[dict]:
+    """Every headline figure names its baseline, ratio, repetitions and spread."""
+    figures = payload["figures"]
+    assert len(figures) >= at_least, figures
+    for f in figures:
+        assert FIGURE_KEYS <= set(f), f
+        assert f["baseline"] and f["repetitions"] >= 1 and f["value"] > 0, f
+        if f["spread"] is not None:
+            assert len(f["spread"]) == 2 and f["spread"][0] <= f["spread"][1], f
+    return figures
+
+
+@pytest.mark.timeout(420)
+def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
     out = str(tmp_path / "bench")
-    stdout = _run("benchmarks.run_all", out, "--only=trainer_vs_baselines")
-    assert "combined benchmark results" in stdout
+    stdout = _run("benchmarks.run_all", out, "--only=trainer_vs_baselines,steps_per_loop_auto,mirrored_vs_one_device",
+                  timeout=400)
+    assert "tfdist_trainer benchmarks (SMOKE" in stdout
 
     payload = _load(out, "trainer_vs_baselines")
     assert payload["benchmark"] == "trainer_vs_baselines" and payload["smoke"] is True
@@ -55,10 +72,44 @@ def test_run_all_smoke_runs_trainer_vs_baselines(tmp_path):
     assert {"trainer_over_handwritten_time", "trainer_over_handwritten_meets_target",
             "trainer_speedup_vs_fit_default", "trainer_speedup_vs_fit_default_meets_target",
             "trainer_speedup_vs_fit_spe100"} <= set(payload["summary"])
+    targets = {f["target"] for f in _check_figures(payload, at_least=3)}
+    assert {"<= 1.03", ">= 1.7"} <= targets
+
+    auto = _load(out, "steps_per_loop_auto")
+    assert set(auto["results"]) == {"fixed_1", "fixed_10", "auto"}
+    assert auto["results"]["auto"]["steps_per_loop"] >= 1
+    assert auto["summary"]["best_fixed"] in ("fixed_1", "fixed_10")
+    (figure,) = _check_figures(auto)
+    assert figure["target"] == ">= 0.9" and isinstance(figure["meets_target"], bool)
+
+    mirrored = _load(out, "mirrored_vs_one_device")
+    assert mirrored["results"]["mirrored"]["replicas"] == 2 and mirrored["results"]["one_device"]["replicas"] == 1
+    assert len(mirrored["devices"]) == 2
+    _check_figures(mirrored)
 
     combined = _load(out, "run_all")
-    assert combined["status"]["trainer_vs_baselines"]["exit_code"] == 0
-    assert len(combined["rows"]) == 4 and combined["headlines"]
+    assert all(st["exit_code"] == 0 for st in combined["status"].values())
+    assert set(combined["status"]) == {"trainer_vs_baselines", "steps_per_loop_auto", "mirrored_vs_one_device"}
+    assert len(combined["rows"]) == len(combined["figures"]) >= 5
+    with open(combined["chart"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_all_refuses_an_unknown_benchmark(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run_all", "--only=nope", f"--out={tmp_path}"],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--only: unknown nope" in proc.stdout
+
+
+def test_run_all_exits_1_when_a_benchmark_fails(tmp_path):
+    # A bad argument makes the benchmark itself exit 2; run_all reports it and exits 1.
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run_all", "--only=steps_per_loop_auto",
+                           "--args=steps_per_loop_auto=--fixed=0", f"--out={tmp_path}"],
+                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    assert "steps_per_loop_auto FAILED with exit code 2" in proc.stdout
+    assert "--fixed needs positive integers" in proc.stdout
 
 
 @pytest.mark.cluster
@@ -70,7 +121,7 @@ def test_ps_steps_per_loop_smoke(tmp_path):
     payload = _load(out, "ps_steps_per_loop")
     assert payload["benchmark"] == "ps_steps_per_loop" and payload["smoke"] is True
     assert payload["baseline"] == "steps_per_loop=1"
-    assert [r["steps_per_loop"] for r in payload["results"]] == [1, 10, 100]
+    assert [r["steps_per_loop"] for r in payload["results"]] == [1, 10, 100, "auto"]
     for result in payload["results"]:
         assert STATS_KEYS <= set(result)
         assert {"steps_per_call", "closures_per_call", "speedup_vs_baseline", "speedup_vs_baseline_paired"} <= set(result)
@@ -79,9 +130,49 @@ def test_ps_steps_per_loop_smoke(tmp_path):
     # The real cluster trained: every scheduled step was counted once.
     assert payload["global_step_exact"] is True
     assert payload["recommendation"]["steps_per_loop"] in (1, 10, 100)
+    auto = [f for f in _check_figures(payload, at_least=2) if "'auto'" in f["figure"]]
+    assert len(auto) == 1 and auto[0]["target"] == ">= 0.9"
     # The ps and worker tasks it started are gone: nothing listens on their ports any more.
     for task_type in ("ps", "worker"):
         for address in payload["cluster"][task_type]:
             host, port = address.rsplit(":", 1)
             with pytest.raises(OSError):
                 socket.create_connection((host, int(port)), timeout=1).close()
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(400)
+def test_ps_ratios_smoke(tmp_path):
+    out = str(tmp_path / "bench")
+    _run("benchmarks.ps_ratios", out, "--layouts=1:1,1:2", timeout=380)
+    payload = _load(out, "ps_ratios")
+    assert payload["baseline"] == "ps:worker 1:1"
+    assert {name: (r["num_ps"], r["num_workers"]) for name, r in payload["results"].items()} == {
+        "1:1": (1, 1), "1:2": (1, 2)}
+    assert payload["global_step_exact"] is True
+    (figure,) = _check_figures(payload)
+    assert figure["baseline"] == "ps:worker 1:1"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_sharded_embedding_smoke_has_an_unsharded_baseline(tmp_path):
+    out = str(tmp_path / "bench")
+    _run("benchmarks.sharded_embedding", out, timeout=280)
+    payload = _load(out, "sharded_embedding")
+    tiny, base = payload["results"]["tiny"], payload["baselines"]["tiny"]
+    assert tiny["num_shards"] > base["num_shards"]  # two shards per table on 2 ps, against one
+    assert tiny["table_parameters"] == base["table_parameters"]
+    assert 0 < tiny["estimated_bytes_moved_per_step"] < tiny["dense_read_bytes_per_step"]
+    units = [f["unit"] for f in _check_figures(payload, at_least=2)]
+    assert units == ["steps/s", "bytes/step"]
+
+
+@pytest.mark.timeout(300)
+def test_model_parallel_smoke(tmp_path):
+    out = str(tmp_path / "bench")
+    _run("benchmarks.model_parallel", out, timeout=280)
+    payload = _load(out, "model_parallel")
+    assert {"one_device", "mp2", "mp2_pipelined"} <= set(payload["results"])
+    figures = _check_figures(payload, at_least=2)
+    assert all(f["baseline"].startswith("one_device") for f in figures)

@@ -32,30 +32,48 @@ class LoopResult:
     retried: bool = False              # set by NanGuard when it rolled back to a checkpoint
 
 
+def _earliest_step(strategy: tf.distribute.Strategy, per_replica_step) -> tf.Tensor:
+    """The smallest non-negative step over all replicas, or -1 (ReduceOp has no MIN: gather, then min)."""
+    if strategy.num_replicas_in_sync == 1:
+        return strategy.experimental_local_results(per_replica_step)[0]
+    steps = strategy.gather(strategy.run(lambda s: tf.reshape(s, [1]), args=(per_replica_step,)), axis=0)
+    never = tf.int64.max
+    earliest = tf.reduce_min(tf.where(steps < 0, tf.constant(never, tf.int64), steps))
+    return tf.where(earliest == never, tf.constant(-1, tf.int64), earliest)
+
+
 def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
                    jit_compile: bool = False, step_fn: Callable | None = None) -> Callable:
     step_fn = step_fn or trainer.train_step
     if jit_compile:  # each replica's step is compiled (as Keras does for fit); the loop around it is not
         step_fn = tf.function(step_fn, jit_compile=True)
 
+    def replica_step(batch, total, first_bad, step):
+        # Per replica, no communication: the loss sum and the first non-finite step stay local
+        # until the loop ends (one cross-replica reduction per call, not one per step).
+        loss = tf.cast(step_fn(batch), tf.float32)
+        first_bad = tf.where((first_bad < 0) & ~tf.math.is_finite(loss), step, first_bad)
+        return total + loss, first_bad
+
+    def replica_start():
+        return tf.constant(0.0, tf.float32), tf.constant(-1, tf.int64)
+
     @tf.function
     def train_loop(iterator, steps):
         base = global_step.read_value()
-        total = tf.constant(0.0, tf.float32)
-        first_bad = tf.constant(-1, tf.int64)
+        total, first_bad = strategy.run(replica_start)
         # AutoGraph carries `trainer.step` through the loop: it must start in this graph.
         trainer.step = base
         for i in tf.range(steps):
             # The step being taken, for user steps that need it (schedules, fault injection).
             trainer.step = base + i + 1
-            replica_loss = strategy.run(step_fn, args=(next(iterator),))
-            loss = tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, replica_loss, axis=None), tf.float32)
-            total += loss
-            first_bad = tf.where((first_bad < 0) & ~tf.math.is_finite(loss), base + i + 1, first_bad)
+            total, first_bad = strategy.run(replica_step, args=(next(iterator), total, first_bad, trainer.step))
         # One increment per loop, at its end: a closure that a dead worker never finished
         # is re-run by the coordinator without counting its steps twice.
         global_step.assign_add(tf.cast(steps, tf.int64))
-        return total / tf.cast(steps, tf.float32), first_bad
+        # Replica losses are already scaled to the global batch: their sum is the global loss.
+        total = tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None), tf.float32)
+        return total / tf.cast(steps, tf.float32), _earliest_step(strategy, first_bad)
     return train_loop
 
 
@@ -219,11 +237,18 @@ class EvalLoop:
         self.trainer = trainer
         self.strategy = strategy
         self.distributed = distributed
+        self.device: str | None = None  # set when the pass runs on one replica's device directly
         dataset = trainer.build_eval_dataset(data_lib.single_pipeline_context())
         self.enabled = dataset is not None
         if not self.enabled:
             return
         dataset = data_lib.finish(dataset)
+        if distributed and isinstance(strategy, tf.distribute.OneDeviceStrategy):
+            # One replica: a plain loop on its device is the same pass without the distributed
+            # iterator's per-batch cost (about 4x faster per pass, measured on MNIST digits).
+            distributed = False
+            self.device = strategy.extended.worker_devices[0]
+        self.distributed = distributed
         if distributed:
             options = tf.data.Options()
             options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
@@ -248,7 +273,11 @@ class EvalLoop:
             return {}
         for metric in self.trainer.eval_metrics:
             metric.reset_state()
-        self._pass(self._dataset)
+        if self.device:
+            with tf.device(self.device):
+                self._pass(self._dataset)
+        else:
+            self._pass(self._dataset)
         return metric_values(self.trainer.eval_metrics)
 
 

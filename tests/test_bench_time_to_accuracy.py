@@ -1,0 +1,118 @@
+"""benchmarks/mnist_time_to_accuracy keeps working: --smoke as a subprocess, on the offline digits set.
+
+No timing is asserted; only that it exits 0, writes the JSON that reports read,
+labels the data honestly, and that what it calls "reached" is consistent
+(the step is an evaluation step and the accuracy there is at or above target).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAME = "mnist_time_to_accuracy"
+
+
+def _run(out: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    cmd = [sys.executable, "-m", f"benchmarks.{NAME}", f"--out={out}", *args]
+    return subprocess.run(cmd, check=False, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(300)
+def test_time_to_accuracy_smoke(tmp_path):
+    out = str(tmp_path / "bench")
+    proc = _run(out, "--smoke", "--data_source=digits")
+    assert proc.returncode == 0, f"{NAME} exited {proc.returncode}:\n{proc.stdout[-5000:]}"
+    assert "NOT MNIST" in proc.stdout
+
+    with open(os.path.join(out, f"{NAME}.json")) as f:
+        payload = json.load(f)
+    assert payload["benchmark"] == NAME and payload["smoke"] is True
+    assert {"command", "config", "dataset", "environment", "baseline", "results", "speedups",
+            "trajectories", "figures"} <= set(payload)
+    assert payload["dataset"]["is_mnist"] is False and "not MNIST" in payload["dataset"]["label"]
+    assert payload["dataset"]["test_examples"] == 359
+    cfg = payload["config"]
+    every, target = cfg["eval_every"], cfg["target_accuracy"]
+    assert payload["baseline"] == "fit_default" and set(payload["results"]) == {"trainer", "fit_default"}
+
+    for name, result in payload["results"].items():
+        assert result["repetitions"] == cfg["repeats"] == 1
+        assert result["reached_in"] == 1, (name, result["best_accuracy_per_seed"])
+        assert {"train_s_to_target", "wall_s_to_target", "cpu_s_to_target", "first_segment_train_s", "eval_s_per_pass",
+                "steps_to_target_per_seed", "description"} <= set(result), name
+        for run in result["runs"]:
+            steps = [step for step, _ in run["evals"]]
+            # One evaluation per interval, at every multiple of eval_every, and none after the target.
+            assert steps == list(range(every, run["steps_run"] + 1, every)), (name, steps)
+            assert run["reached"] and run["steps_to_target"] % every == 0
+            assert run["steps_to_target"] == steps[-1] <= cfg["max_steps"]
+            assert run["accuracy_at_target"] >= target
+            assert all(acc < target for _, acc in run["evals"][:-1])
+            assert 0 < run["train_s_to_target"] <= run["wall_s_to_target"]
+        assert result["train_s_to_target"]["median"] > 0
+    assert payload["results"]["fit_default"]["runs"][0]["steps_per_execution"] == 1
+
+    for key in ("train_s_to_target", "wall_s_to_target", "cpu_s_to_target"):
+        assert payload["speedups"][key]["pairs"] == 1 and payload["speedups"][key]["median"] > 0
+    figures = payload["figures"]
+    assert len(figures) == 2
+    for fig in figures:
+        assert {"figure", "value", "unit", "baseline", "ratio", "ratio_label", "repetitions", "spread",
+                "target", "meets_target"} <= set(fig)
+        assert "NOT MNIST" in fig["figure"] and fig["unit"] == "s" and fig["value"] > 0
+        assert fig["ratio"] > 0 and len(fig["spread"]) == 2 and fig["repetitions"] == 1
+        assert "fit" in fig["baseline"]
+
+
+@pytest.mark.timeout(120)
+def test_time_to_accuracy_bad_args(tmp_path):
+    out = str(tmp_path / "bench")
+    for args in (["--target_accuracy=1.5"], ["--eval_every=0"], ["--max_steps=10", "--eval_every=50"],
+                 ["--data_source=idx"], ["--filters=4"]):
+        proc = _run(out, *args, timeout=60)
+        assert proc.returncode == 2 and "error:" in proc.stdout, (args, proc.stdout[-2000:])
+    assert not os.path.exists(out)
+
+
+def _fake_run(seed, reached, step=None, train_s=None):
+    evals = [[50, 0.9], [100, 0.98]] if reached else [[50, 0.9], [100, 0.95]]
+    return {"seed": seed, "reached": reached, "steps_to_target": step, "accuracy_at_target": 0.98 if reached else None,
+            "train_s_to_target": train_s, "wall_s_to_target": train_s and train_s + 0.5,
+            "cpu_s_to_target": train_s and train_s * 1.5,
+            "first_segment_train_s": 1.0, "steps_run": 100, "train_s_total": 2.0, "eval_s_total": 0.4,
+            "wall_s_total": 2.4, "best_accuracy": max(a for _, a in evals), "target_accuracy": 0.97,
+            "evals": evals, "setup_s": 0.1}
+
+
+def test_time_to_accuracy_not_reached_is_reported_honestly():
+    """A target missed in some repetition gives no value and says so; speedups use only paired reaches."""
+    from benchmarks import mnist_time_to_accuracy as bench
+
+    args = bench.parse_args(["--repeats=2", "--max_steps=100", "--data_source=digits"])
+    runs = {"trainer": [_fake_run(0, True, 100, 2.0), _fake_run(1, False)],
+            "fit_default": [_fake_run(0, True, 100, 3.0), _fake_run(1, True, 100, 3.5)]}
+    results = {name: bench.summarize_variant(name, runs[name], args) for name in bench.VARIANTS}
+    payload = {"config": {"target_accuracy": 0.97, "eval_every": 50, "max_steps": 100, "repeats": 2,
+                          "seeds": [0, 1], "batch_size": 64},
+               "dataset": {"label": "OFFLINE FALLBACK (not MNIST)", "short_name": "offline digits fallback (NOT MNIST)",
+                           "is_mnist": False, "train_examples": 1438, "test_examples": 359},
+               "environment": {"cpu_count": 2, "gpus": []}, "baseline": "fit_default", "results": results,
+               "speedups": {k: bench.paired_speedups(results, k) for k in bench.SPEEDUP_KEYS}}
+    payload["trajectories"] = bench.compare_trajectories(results)
+    assert payload["speedups"]["train_s_to_target"]["pairs"] == 1
+    assert payload["speedups"]["train_s_to_target"]["median"] == 1.5
+    figures = bench.make_figures(payload)
+    assert all(f["value"] is None and "NOT REACHED" in f["figure"] and "note" in f for f in figures)
+    report = bench.format_report(payload)
+    assert "NOT reached within --max_steps=100 in 1 of 2" in report and "NOT MNIST" in report
