@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-LOWER_IS_BETTER = ("time ratio", "fraction")
+LOWER_IS_BETTER = ("time ratio", "fraction", "share")  # ratio_label prefixes where lower is better
 
 
 def _target_value(target: str | None) -> float | None:
@@ -43,8 +43,9 @@ def write_chart(figures: Sequence[dict[str, Any]], path: str, title: str) -> str
         target = _target_value(f.get("target"))
         if target is not None:
             ax.plot([target], [y], marker="|", markersize=16, color="black", mew=2)
-        better = "lower is better" if f["ratio_label"] in LOWER_IS_BETTER else "higher is better"
-        ax.text(ratio, y, f"  {ratio:.2f} ({f['ratio_label']}, {better})", va="center", fontsize=7)
+        better = "lower is better" if f["ratio_label"].startswith(LOWER_IS_BETTER) else "higher is better"
+        right = max(ratio, *(f.get("spread") or [0]), target or 0)  # the label starts right of the whisker
+        ax.text(right, y, f"  {ratio:.2f} ({f['ratio_label']}, {better})", va="center", fontsize=7)
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{f['benchmark']}: {f['figure']}\nvs {f['baseline']} (n={f['repetitions']})"
                         for f in rows], fontsize=7)

@@ -529,16 +529,6 @@ def analyse(w0: dict, w1: dict | None, cfg: dict) -> dict:
             ar_share = [x / y for x, y in zip(per["allreduce"], a)]
             ratios["allreduce_share_of_step"] = {"median": statistics.median(ar_share), "min": min(ar_share),
                                                  "max": max(ar_share)}
-        if "allreduce" in per and "raw_scalar" in per:
-            # The step's collectives measured alone: the gradient pack plus the loss scalar.
-            parts = [x + y for x, y in zip(per["allreduce"], per["raw_scalar"])]
-            explained = [p / c for p, c in zip(parts, comm)] if min(comm) > 0 else None
-            ratios["collectives_per_step_ms"] = {
-                "allreduce_plus_raw_scalar_median": 1e3 * statistics.median(parts),
-                "allreduce_plus_raw_scalar_best_of": 1e3 * (min(per["allreduce"]) + min(per["raw_scalar"])),
-                "measured_train_minus_local_median": 1e3 * statistics.median(comm),
-                "parts_over_measured_paired": ({"median": statistics.median(explained), "min": min(explained),
-                                                "max": max(explained)} if explained else None)}
     if "allreduce" in per:
         bw = [grad["bytes"] / t / 1e6 for t in per["allreduce"]]
         raw_bw = [grad["bytes"] / t / 1e6 for t in per[BASELINE]]
@@ -634,12 +624,6 @@ def format_report(payload: dict) -> str:
         lines.append(f"strategy all-reduce / raw collective, same bytes: {a['ratio_of_medians']:.3f} "
                      f"(paired per round {a['paired']['min']:.3f}..{a['paired']['max']:.3f}, best-of "
                      f"{a['best_of']:.3f})")
-    if "collectives_per_step_ms" in r:
-        c = r["collectives_per_step_ms"]
-        lines.append(f"the step's two collectives measured alone (allreduce + raw_scalar for the loss): "
-                     f"{c['allreduce_plus_raw_scalar_median']:.3f} ms "
-                     f"(best-of {c['allreduce_plus_raw_scalar_best_of']:.3f}) "
-                     f"vs train_step - local_step {c['measured_train_minus_local_median']:.3f} ms")
     if "allreduce_share_of_step" in r:
         s = r["allreduce_share_of_step"]
         lines.append(f"one isolated gradient all-reduce = {100 * s['median']:.1f}% of an MWMS step "

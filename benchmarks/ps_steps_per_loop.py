@@ -129,7 +129,8 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
         loop_of[k] = loops.ScheduledTrainLoop(strategy, coordinator, copy.copy(trainer), global_step, size,
                                               num_workers=args.num_workers)
         if k == "auto":
-            warmup = _warm_up_auto(loop_of[k], max(args.steps_per_call), args.num_workers, args.max_tuning_steps)
+            # Tuned as tfdist-train tunes it: over calls of the log interval (the smallest call size).
+            warmup = _warm_up_auto(loop_of[k], min(args.steps_per_call), args.num_workers, args.max_tuning_steps)
             loss = None  # tuning calls: their losses are not kept
         else:
             warmup = args.warmup_steps if args.smoke else max(args.warmup_steps, args.num_workers * k)

@@ -2,6 +2,7 @@
 
     python -m benchmarks.run_all [--out=bench_out] [--smoke] [--only=trainer_vs_baselines,ps_ratios]
                                  [--args="trainer_vs_baselines=--steps=1000 --repeats=5"] ...
+    python -m benchmarks.run_all --report_only      # the table, JSON and chart again, from bench_out/*.json
 
 Each benchmark writes ``<out>/<name>.json`` with its measurements and a
 ``figures`` list (see `_common.figure`): a value, the baseline measured in
@@ -45,6 +46,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=_common.DEFAULT_OUT)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (for tests; not meaningful)")
     p.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated subset of the benchmarks")
+    p.add_argument("--report_only", action="store_true",
+                   help="run nothing: rebuild the table, run_all.json and the chart from the JSON already in --out "
+                        "(e.g. after re-running one benchmark alone)")
     p.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
                    help="extra command-line arguments for one benchmark, e.g. 'ps_ratios=--rounds=3'")
     args = p.parse_args(argv)
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     status, figures, environments = {}, [], {}
     for name in args.only:
-        code, seconds = run_one(name, args)
+        code, seconds = (0, 0.0) if args.report_only else run_one(name, args)
         status[name] = {"exit_code": code, "wall_s": round(seconds, 1)}
         path = os.path.join(args.out, f"{name}.json")
         if code != 0 or not os.path.exists(path):
@@ -109,15 +113,18 @@ def main(argv: list[str] | None = None) -> int:
             continue
         with open(path) as f:
             payload = json.load(f)
+        if args.report_only:
+            status[name].update(command=payload.get("command"), smoke=payload.get("smoke", False))
         environments[name] = payload.get("environment")
         figures += [{"benchmark": name, **fig} for fig in payload.get("figures", [])]
 
-    title = "tfdist_trainer benchmarks" + (" (SMOKE: tiny sizes, not meaningful)" if args.smoke else "")
+    smoke = args.smoke or (args.report_only and any(st.get("smoke") for st in status.values()))
+    title = "tfdist_trainer benchmarks" + (" (SMOKE: tiny sizes, not meaningful)" if smoke else "")
     print(f"\n== {title} ==")
     print(_common.format_table(COLUMNS, table_rows(figures), left=(0, 1, 3, 7)))
     for name, st in status.items():
-        print(f"  {name}: {'ok' if st['exit_code'] == 0 else 'FAILED exit ' + str(st['exit_code'])} "
-              f"in {st['wall_s']:.0f}s")
+        outcome = "ok" if st["exit_code"] == 0 else f"FAILED exit {st['exit_code']}"
+        print(f"  {name}: " + (f"{outcome} (from its JSON)" if args.report_only else f"{outcome} in {st['wall_s']:.0f}s"))
 
     from benchmarks import chart
     env = _common.environment()
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     png = chart.write_chart(figures, os.path.join(args.out, "run_all.png"),
                             f"{title}; {env['cpu_count']} CPUs" + (f", GPUs {', '.join(gpus)}" if gpus else ", no GPU"))
     path = _common.write_json(args.out, "run_all", {
-        "smoke": args.smoke, "status": status, "environment": env, "gpus": gpus, "columns": COLUMNS,
+        "smoke": smoke, "status": status, "environment": env, "gpus": gpus, "columns": COLUMNS,
         "rows": table_rows(figures), "figures": figures, "chart": png})
     print(f"[run_all] wrote {path}" + (f" and {png}" if png else ""), flush=True)
     return 0 if all(st["exit_code"] == 0 for st in status.values()) else 1

@@ -138,12 +138,85 @@ class HandCluster:
             proc.wait()
 
 
-def read_records(model_dir: str, name: str = "metrics.jsonl") -> list[dict]:
-    path = os.path.join(model_dir, name)
+def read_jsonl(path: str) -> list[dict]:
+    """Records of a JSON-lines file that may be being appended to (a torn last line is skipped)."""
     if not os.path.exists(path):
         return []
+    records = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return records
+
+
+def read_records(model_dir: str, name: str = "metrics.jsonl") -> list[dict]:
+    return read_jsonl(os.path.join(model_dir, name))
+
+
+def train_records(model_dir: str) -> list[dict]:
+    return [r for r in read_records(model_dir) if r.get("kind") == "train"]
+
+
+class BackgroundJob:
+    """A command (tfdist-launch or tfdist-train) running in the background in its own session, output in a file."""
+
+    timeout_s: float = 300  # the default for wait() and wait_until()
+
+    def __init__(self, cmd: Sequence[str], out_path: str, env: Mapping[str, str] | None = None):
+        self.cmd = list(cmd)
+        self.out_path = out_path
+        self._out = open(out_path, "a")
+        self.proc = subprocess.Popen(self.cmd, env=dict(env) if env else base_env(), cwd=REPO, stdout=self._out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def output(self) -> str:
+        with open(self.out_path, errors="replace") as f:
+            return f.read()
+
+    def wait(self, timeout: float | None = None) -> int:
+        timeout = timeout or self.timeout_s
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            raise AssertionError(f"{' '.join(self.cmd)} did not finish within {timeout}s:\n{self.output()[-6000:]}")
+
+    def kill_group(self) -> None:
+        """SIGKILL to the whole session (the launcher and every task it started)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self._out.close()
+
+    def stop(self, grace_s: float = 30) -> None:
+        """SIGTERM (a graceful stop), then SIGKILL to the session after `grace_s`."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_group()
+
+    def wait_until(self, what: str, predicate, timeout: float | None = None, poll_s: float = 0.02):
+        """Polls `predicate` until it returns a true value; fails if the job ends first."""
+        timeout = timeout or self.timeout_s
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the job exited ({self.proc.returncode}) before {what}:\n"
+                                     f"{self.output()[-6000:]}")
+            time.sleep(poll_s)
+        self.kill_group()
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.output()[-6000:]}")
 
 
 def no_process_left(marker: str) -> list[str]:

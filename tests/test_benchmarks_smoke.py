@@ -94,6 +94,15 @@ def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
     with open(combined["chart"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
+    # --report_only rebuilds the combined report from the JSON files, running nothing.
+    os.remove(combined["chart"])
+    stdout = _run("benchmarks.run_all", out, "--report_only", "--only=trainer_vs_baselines,steps_per_loop_auto",
+                  timeout=120)
+    assert "trainer_vs_baselines: ok (from its JSON)" in stdout and "[run_all] -m" not in stdout
+    rebuilt = _load(out, "run_all")
+    assert rebuilt["smoke"] is True and os.path.exists(rebuilt["chart"])
+    assert len(rebuilt["figures"]) == len(combined["figures"]) - len(mirrored["figures"])
+
 
 def test_run_all_refuses_an_unknown_benchmark(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run_all", "--only=nope", f"--out={tmp_path}"],

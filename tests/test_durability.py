@@ -19,12 +19,10 @@ needed; the small CNN learns it to ~0.97 test accuracy in a few hundred steps.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import signal
-import subprocess
 import textwrap
 import time
 
@@ -33,7 +31,7 @@ import pytest
 import tensorflow as tf
 
 import clusterlib
-from clusterlib import FAST_MNIST, REPO, launch_cmd, strategy_gin, train_cmd
+from clusterlib import FAST_MNIST, launch_cmd, strategy_gin, train_cmd
 
 TIMEOUT_S = 240
 PSS_STEPS_PER_LOOP = 10
@@ -80,34 +78,10 @@ def record_fault(fault: str, *, step_at_kill, restored, steps_lost, recover_s) -
 
 # -- running and watching jobs ---------------------------------------------------
 
-class Job:
-    """A command (tfdist-launch or tfdist-train) running in the background in its own session."""
+class Job(clusterlib.BackgroundJob):
+    """A tfdist-launch or tfdist-train job whose launcher reports the pids of the tasks it starts."""
 
-    def __init__(self, cmd: list[str], out_path: str, env: dict[str, str] | None = None):
-        self.cmd = cmd
-        self.out_path = out_path
-        self._out = open(out_path, "a")
-        self.proc = subprocess.Popen(cmd, env=env or clusterlib.base_env(), cwd=REPO, stdout=self._out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def output(self) -> str:
-        with open(self.out_path, errors="replace") as f:
-            return f.read()
-
-    def wait(self, timeout: float = TIMEOUT_S) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill_group()
-            raise AssertionError(f"{' '.join(self.cmd)} did not finish within {timeout}s:\n{self.output()[-6000:]}")
-
-    def kill_group(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-        self._out.close()
+    timeout_s = TIMEOUT_S
 
     def task_pid(self, role: str) -> int:
         """The pid of a task's current process, from the launcher's '[launch] started <role> (pid P' lines."""
@@ -115,43 +89,11 @@ class Job:
         assert pids, f"the launcher did not report starting {role}:\n{self.output()[-4000:]}"
         return int(pids[-1])
 
-    def wait_until(self, what: str, predicate, timeout: float = TIMEOUT_S, poll_s: float = 0.02):
-        """Polls `predicate` until it returns a true value; fails if the job ends first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the job exited ({self.proc.returncode}) before {what}:\n"
-                                     f"{self.output()[-6000:]}")
-            time.sleep(poll_s)
-        self.kill_group()
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.output()[-6000:]}")
-
-
-def read_jsonl(path: str) -> list[dict]:
-    """Records of a JSON-lines file that may be being appended to (a torn last line is skipped)."""
-    if not os.path.exists(path):
-        return []
-    records = []
-    with open(path) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return records
-
-
-def train_records(model_dir: str) -> list[dict]:
-    return [r for r in read_jsonl(os.path.join(model_dir, "metrics.jsonl")) if r.get("kind") == "train"]
-
 
 def train_step_reached(model_dir: str, step: int):
     """A predicate: the last train record whose step is >= `step`, else None."""
     def reached():
-        records = [r for r in train_records(model_dir) if r["step"] >= step]
+        records = [r for r in clusterlib.train_records(model_dir) if r["step"] >= step]
         return records[-1] if records else None
     return reached
 
@@ -216,7 +158,7 @@ RESTART = ["--restart_policy=OnFailure", "--backoff_limit=3", "--restart_backoff
 
 def assert_finished_at(model_dir: str, steps: int, context: str) -> list[dict]:
     """The job reached exactly `steps`: last record, latest checkpoint; and its loss fell."""
-    records = train_records(model_dir)
+    records = clusterlib.train_records(model_dir)
     assert records, f"no train records in {model_dir}:\n{context[-6000:]}"
     assert records[-1]["step"] == steps, f"last train record at step {records[-1]['step']}, want {steps}"
     latest = tf.train.latest_checkpoint(model_dir)
@@ -379,7 +321,7 @@ def test_one_device_chief_sigkill_then_rerun_resumes(tmp_path):
     finally:
         first.kill_group()
     assert code == -signal.SIGKILL, f"the first run was not killed (exit {code}):\n{first.output()[-4000:]}"
-    killed_at = step_before(train_records(model_dir), kill_time)
+    killed_at = step_before(clusterlib.train_records(model_dir), kill_time)
     assert killed_at < steps
     latest_at_kill = latest_step(model_dir)
     assert latest_at_kill is not None, "no checkpoint before the kill"
@@ -443,7 +385,7 @@ def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
         pytest.fail("could not SIGKILL the process during a checkpoint write in 5 attempts")
     left = sorted(n for n in os.listdir(model_dir) if "_temp" in n)
     saving = int(re.match(r"ckpt-(\d+)_temp", caught).group(1))
-    killed_at = max(step_before(train_records(model_dir), kill_time), saving)
+    killed_at = max(step_before(clusterlib.train_records(model_dir), kill_time), saving)
     complete = checkpoint_steps(model_dir)
     latest_at_kill = latest_step(model_dir)
     assert latest_at_kill is not None and latest_at_kill < saving, (latest_at_kill, saving)
@@ -534,7 +476,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints_finite(tmp_path, s
             value = reader.get_tensor(name)
             assert np.all(np.isfinite(value)), f"{path}: {name} holds non-finite values"
     assert latest_step(model_dir) == max(steps)
-    records = train_records(model_dir)
+    records = clusterlib.train_records(model_dir)
     assert all(math.isfinite(r["loss"]) for r in records), records
     assert all(r["step"] < NAN_STEP for r in records), "a train record was written after the NaN"
     # Not resumed (a NaN is a bug to fix, not a fault to retry): 'lost' is the good work after the
@@ -556,7 +498,7 @@ def test_evaluator_sidecar_follows_checkpoints_and_exits(tmp_path):
     out = result.stdout
     assert result.returncode == 0, f"tfdist-launch exited {result.returncode}:\n{out[-8000:]}"
     assert re.search(r"^\[launch\] evaluator:0 finished", out, re.M), "the evaluator did not exit by itself"
-    evals = read_jsonl(os.path.join(model_dir, "eval", "metrics.jsonl"))
+    evals = clusterlib.read_jsonl(os.path.join(model_dir, "eval", "metrics.jsonl"))
     assert evals and all(r["kind"] == "eval" for r in evals), evals
     eval_steps = [r["step"] for r in evals]
     # One record per checkpoint it saw: each names a checkpoint of that step, none twice.
@@ -633,7 +575,7 @@ def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
     records = assert_finished_at(model_dir, steps, out2)
 
     def final_eval(directory):
-        evals = [r for r in read_jsonl(os.path.join(directory, "metrics.jsonl")) if r["kind"] == "eval"]
+        evals = [r for r in clusterlib.read_jsonl(os.path.join(directory, "metrics.jsonl")) if r["kind"] == "eval"]
         assert evals and evals[-1]["step"] == steps, evals
         return evals[-1]["eval_loss"]
 

@@ -34,7 +34,6 @@ without CAP_SYS_ADMIN).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -175,23 +174,10 @@ def test_multi_worker_mirrored_across_two_hosts(make_lan, tmp_path):
     assert "strategy multi_worker_mirrored with 2 replica(s) in sync" in logs
 
 
-def _read_jsonl(path: str) -> list[dict]:
-    """Records of a file that may be being appended to (a torn last line is skipped)."""
-    records = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
-    return records
-
-
 def _wait_for_step(hand: HandCluster, model_dir: str, step: int, timeout: float = TIMEOUT_S) -> float:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        train = [r for r in _read_jsonl(os.path.join(model_dir, "metrics.jsonl")) if r.get("kind") == "train"]
+        train = clusterlib.train_records(model_dir)
         if train and train[-1]["step"] >= step:
             return time.time()
         dead = {role: p.returncode for role, p in hand.procs.items() if p.poll() is not None}

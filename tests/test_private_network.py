@@ -55,36 +55,17 @@ def mnist_args(model_dir: str) -> list[str]:
             f"--model_dir={model_dir}"]
 
 
-class Launch:
+class Launch(clusterlib.BackgroundJob):
     """tfdist-launch in the background, its output in a file."""
 
+    timeout_s = TIMEOUT_S
+
     def __init__(self, launch_args: list[str], train_args: list[str], out_path: str):
-        self.out_path = out_path
-        self._out = open(out_path, "w")
-        self.proc = subprocess.Popen(launch_cmd(launch_args, train_args), cwd=REPO, stdout=self._out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=clusterlib.base_env({"TFDIST_TEST_CANARY": CANARY}),
-                                     start_new_session=True)
-
-    def output(self) -> str:
-        with open(self.out_path, errors="replace") as f:
-            return f.read()
-
-    def wait(self, timeout: float = TIMEOUT_S) -> int:
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"tfdist-launch did not finish within {timeout}s:\n{self.output()[-6000:]}")
+        super().__init__(launch_cmd(launch_args, train_args), out_path,
+                         env=clusterlib.base_env({"TFDIST_TEST_CANARY": CANARY}))
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        self.stop(grace_s=30)
 
     def tasks_listening_inside(self, count: int, timeout: float = TIMEOUT_S) -> dict[str, tuple[int, int]]:
         """Waits until `count` tasks were started and each accepts a connection inside its namespace."""

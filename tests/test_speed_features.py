@@ -22,11 +22,27 @@ def _feed(tuner: loops.StepsPerLoopTuner, seconds_per_call, calls: int) -> None:
 
 def test_tuner_doubles_while_throughput_improves_then_settles_on_the_best():
     # Fixed overhead of 10 ms per call plus 1 ms per step: gains shrink as calls grow.
-    tuner = loops.StepsPerLoopTuner(initial=4, maximum=1024, min_gain=0.05)
+    tuner = loops.StepsPerLoopTuner(initial=4, maximum=1024, min_gain=0.05, patience=0)
     _feed(tuner, lambda n: 0.010 + 0.001 * n, 60)
     assert tuner.frozen
     # 128 -> 256 gains 3.5% (< 5%), so 128 is the last size that paid off.
     assert tuner.value == 128
+
+
+def test_tuner_gives_a_small_gain_one_more_doubling():
+    # The same costs with the default patience: 256 misses, but 512 is 5.8% faster than 128
+    # (981 vs 928 steps/s), and the search ends at the maximum after 1024 misses.
+    tuner = loops.StepsPerLoopTuner(initial=4, maximum=1024, min_gain=0.05)
+    _feed(tuner, lambda n: 0.010 + 0.001 * n, 60)
+    assert tuner.frozen and tuner.value == 512
+
+
+def test_tuner_settles_on_the_best_size_after_noise():
+    # 16 looks slower than 8 (a noisy trial), 32 is really faster: the search goes on past 16.
+    times = {8: 1.0, 16: 2.4, 32: 3.0, 64: 6.0, 128: 12.0}
+    tuner = loops.StepsPerLoopTuner(initial=8, maximum=128)
+    _feed(tuner, lambda n: times[n], 40)
+    assert tuner.frozen and tuner.value == 32
 
 
 def test_tuner_stops_at_maximum():
