@@ -120,26 +120,29 @@ def trainer_loop(strategy_config, pool, *, batch_size: int, filters, dense_units
     return run
 
 
-def time_interleaved(runners: dict[str, Any], steps: int, repeats: int, tag: str) -> dict[str, list[float]]:
+def time_interleaved(runners: dict[str, Any], steps: int, repeats: int,
+                     tag: str) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Times `runners[name](steps)` `repeats` times each, round by round in rotating order.
 
     Interleaving makes load drift on a shared machine hit every variant alike;
     a garbage collection before each timing keeps Python's pauses out of it.
-    Prints steps/s per round; returns {name: [seconds per repetition]}.
+    Prints steps/s per round; returns ({name: [seconds per repetition]},
+    {name: what its last call returned}, e.g. the loss).
     """
     import gc
     import time
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}
+    last: dict[str, Any] = {}
     for rep in range(repeats):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             gc.collect()
             t0 = time.perf_counter()
-            runners[name](steps)
+            last[name] = runners[name](steps)
             times[name].append(time.perf_counter() - t0)
         print(f"[{tag}] round {rep + 1}/{repeats}: " +
               " ".join(f"{n}={steps / times[n][-1]:.1f}" for n in names) + " steps/s", flush=True)
-    return times
+    return times, last
 
 
 # -- statistics and reports ------------------------------------------------------

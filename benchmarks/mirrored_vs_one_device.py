@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"[{NAME}] {name}: {replicas} replica(s), warmed up in {info[name]['build_and_warmup_s']:.1f}s "
               f"(loss {loss:.4f})", flush=True)
 
-    times = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
+    times, _ = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
     results = {}
     for name in configs:
         r = {**info[name], **_common.summarize(times[name], args.steps)}

@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks import _common
+from benchmarks import _cluster, _common
 
 NAME = "ps_ratios"
 
@@ -82,10 +82,8 @@ def measure_layout(args: argparse.Namespace, layout: tuple[int, int], round_inde
            f"--warmup_steps={args.warmup_steps}", f"--batch_size={args.batch_size}"]
     if args.smoke:
         cmd += ["--filters=4,8", "--dense_units=16"]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_common.REPO, env.get("PYTHONPATH")]))
-    env.pop("TF_CONFIG", None)
-    proc = subprocess.run(cmd, cwd=_common.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, cwd=_common.REPO, env=_cluster.task_env(None), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"layout {label(layout)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
     with open(os.path.join(out, "ps_steps_per_loop.json")) as f:

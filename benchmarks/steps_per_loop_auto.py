@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"[{NAME}] {name}: steps_per_loop {info[name]['steps_per_loop']}, warmed up in "
               f"{info[name]['build_and_warmup_s']:.1f}s", flush=True)
 
-    times = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
+    times, _ = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
     results = {name: {**info[name], **_common.summarize(times[name], args.steps)} for name in variants}
     fixed = [n for n in variants if n != "auto"]
     best = max(fixed, key=lambda n: results[n]["steps_per_s"])

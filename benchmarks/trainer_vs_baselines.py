@@ -28,7 +28,6 @@ the median and min..max. fit runs with verbose=0 (no progress bar I/O).
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
 from typing import Callable
@@ -94,18 +93,10 @@ def _template(args, pool):
 
 
 def make_trainer(args, pool, jit_compile: bool = False) -> Callable[[int], float]:
-    import keras
-
-    from tfdist_trainer import loops, runner
     from tfdist_trainer.strategies import OneDevice
-
-    keras.utils.set_random_seed(args.seed)
-    trainer = _template(args, pool)
-    strategy = OneDevice().create(None)
-    global_step, _ = runner.build_state(trainer, strategy)
-    kwargs = {"jit_compile": True} if jit_compile else {}  # only passed when asked: older loops lack it
-    loop = loops.TrainLoop(strategy, trainer, global_step, args.steps_per_loop, **kwargs)
-    return lambda steps: _common.loss_value(loop.train(steps))
+    return _common.trainer_loop(OneDevice(), pool, batch_size=args.batch_size, filters=args.filters,
+                                dense_units=args.dense_units, steps_per_loop=args.steps_per_loop, seed=args.seed,
+                                jit_compile=jit_compile)
 
 
 def make_handwritten(args, pool) -> Callable[[int], float]:
@@ -203,17 +194,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"[{NAME}] {name}: built and warmed up in {info[name]['build_and_warmup_s']:.1f}s "
               f"(loss {loss:.4f})", flush=True)
 
-    times: dict[str, list[float]] = {name: [] for name in args.variants}
-    losses: dict[str, float] = {}
-    for rep in range(args.repeats):
-        order = args.variants[rep % len(args.variants):] + args.variants[:rep % len(args.variants)]
-        for name in order:
-            gc.collect()
-            t0 = time.perf_counter()
-            losses[name] = runners[name](args.steps)
-            times[name].append(time.perf_counter() - t0)
-        print(f"[{NAME}] round {rep + 1}/{args.repeats}: " +
-              " ".join(f"{n}={args.steps / times[n][-1]:.1f}" for n in args.variants) + " steps/s", flush=True)
+    times, losses = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
 
     results = {}
     for name in args.variants:

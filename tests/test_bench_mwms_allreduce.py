@@ -7,21 +7,14 @@ correctly.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import FIGURE_KEYS, load, run_smoke
+from benchlib import STATS_KEYS as SUMMARY_KEYS
 
-STATS_KEYS = {"steps", "repetitions", "times_s", "time_s_median", "time_s_min", "time_s_max",
-              "steps_per_s", "steps_per_s_min", "steps_per_s_max",
-              "time_per_unit_ms_median", "time_per_unit_ms_min", "time_per_unit_ms_max"}
-FIGURE_KEYS = {"figure", "value", "unit", "baseline", "ratio", "ratio_label", "repetitions", "spread",
-               "target", "meets_target"}
+STATS_KEYS = SUMMARY_KEYS | {"time_per_unit_ms_median", "time_per_unit_ms_min", "time_per_unit_ms_max"}
 VARIANTS = {"train_step", "local_step", "allreduce", "raw_collective", "raw_per_tensor", "raw_scalar"}
 
 
@@ -36,18 +29,9 @@ def _recipe_cnn_params(filters: tuple[int, int], dense: int) -> list[int]:
 @pytest.mark.timeout(300)
 def test_mwms_allreduce_smoke(tmp_path):
     out = str(tmp_path / "bench")
-    env = dict(os.environ)
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.mwms_allreduce", "--smoke", f"--out={out}"],
-                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=280,
-                          check=False)
-    assert proc.returncode == 0, f"mwms_allreduce exited {proc.returncode}:\n{proc.stdout[-5000:]}"
-    assert "raw_collective" in proc.stdout and "wrote" in proc.stdout
-
-    with open(os.path.join(out, "mwms_allreduce.json")) as f:
-        payload = json.load(f)
+    stdout = run_smoke("benchmarks.mwms_allreduce", out, timeout=280)
+    assert "raw_collective" in stdout and "wrote" in stdout
+    payload = load(out, "mwms_allreduce")
     assert payload["benchmark"] == "mwms_allreduce" and payload["smoke"] is True
     assert {"command", "config", "environment", "cluster", "gradient_bytes", "num_tensors", "gradient_tensors",
             "results", "ratios", "figures", "checks", "train_loop_collectives"} <= set(payload)

@@ -12,37 +12,20 @@ asserted.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-STATS_KEYS = {"steps", "repetitions", "times_s", "time_s_median", "time_s_min", "time_s_max",
-              "steps_per_s", "steps_per_s_min", "steps_per_s_max"}
-FIGURE_KEYS = {"figure", "value", "unit", "baseline", "ratio", "ratio_label", "repetitions", "spread", "target",
-               "meets_target"}
+from benchlib import FIGURE_KEYS, STATS_KEYS, load, run_smoke
 
 
 @pytest.mark.cluster
 @pytest.mark.timeout(420)
 def test_ps_vs_tf_keras_smoke(tmp_path):
     out = str(tmp_path / "bench")
-    env = dict(os.environ)
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.ps_vs_tf_keras", "--smoke", f"--out={out}"], check=False,
-                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400)
-    assert proc.returncode == 0, f"ps_vs_tf_keras exited {proc.returncode}:\n{proc.stdout[-5000:]}"
-    assert "parameter_server Trainer vs tf-keras fit" in proc.stdout
-
-    with open(os.path.join(out, "ps_vs_tf_keras.json")) as f:
-        payload = json.load(f)
+    stdout = run_smoke("benchmarks.ps_vs_tf_keras", out, timeout=400)
+    assert "parameter_server Trainer vs tf-keras fit" in stdout
+    payload = load(out, "ps_vs_tf_keras")
     assert payload["benchmark"] == "ps_vs_tf_keras" and payload["smoke"] is True
     assert payload["cluster"]["layout"] == {"chief": 1, "worker": 2, "ps": 1}
     assert set(payload["results"]) == {"trainer", "tf_keras_fit_spe", "tf_keras_fit_default"}

@@ -7,25 +7,18 @@ labels the data honestly, and that what it calls "reached" is consistent
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import load, run_benchmark
+
 NAME = "mnist_time_to_accuracy"
 
 
 def _run(out: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    cmd = [sys.executable, "-m", f"benchmarks.{NAME}", f"--out={out}", *args]
-    return subprocess.run(cmd, check=False, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+    return run_benchmark(f"benchmarks.{NAME}", out, *args, timeout=timeout)
 
 
 @pytest.mark.timeout(300)
@@ -35,8 +28,7 @@ def test_time_to_accuracy_smoke(tmp_path):
     assert proc.returncode == 0, f"{NAME} exited {proc.returncode}:\n{proc.stdout[-5000:]}"
     assert "NOT MNIST" in proc.stdout
 
-    with open(os.path.join(out, f"{NAME}.json")) as f:
-        payload = json.load(f)
+    payload = load(out, NAME)
     assert payload["benchmark"] == NAME and payload["smoke"] is True
     assert {"command", "config", "dataset", "environment", "baseline", "results", "speedups",
             "trajectories", "figures"} <= set(payload)

@@ -6,60 +6,22 @@ reports and tools read.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-STATS_KEYS = {"steps", "repetitions", "times_s", "time_s_median", "time_s_min", "time_s_max",
-              "steps_per_s", "steps_per_s_min", "steps_per_s_max"}
-
-
-def _run(module: str, out: str, *args: str, timeout: float = 240) -> str:
-    env = dict(os.environ)
-    env.pop("TF_CONFIG", None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    proc = subprocess.run([sys.executable, "-m", module, "--smoke", f"--out={out}", *args], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{module} exited {proc.returncode}:\n{proc.stdout[-5000:]}"
-    return proc.stdout
-
-
-def _load(out: str, name: str) -> dict:
-    with open(os.path.join(out, f"{name}.json")) as f:
-        return json.load(f)
-
-
-FIGURE_KEYS = {"figure", "value", "unit", "baseline", "ratio", "ratio_label", "repetitions", "spread", "target",
-               "meets_target"}
-
-
-def _check_figures(payload: dict, at_least: int = 1) -> list[dict]:
-    """Every headline figure names its baseline, ratio, repetitions and spread."""
-    figures = payload["figures"]
-    assert len(figures) >= at_least, figures
-    for f in figures:
-        assert FIGURE_KEYS <= set(f), f
-        assert f["baseline"] and f["repetitions"] >= 1 and f["value"] > 0, f
-        if f["spread"] is not None:
-            assert len(f["spread"]) == 2 and f["spread"][0] <= f["spread"][1], f
-    return figures
+from benchlib import STATS_KEYS, check_figures, load, run_benchmark, run_smoke
 
 
 @pytest.mark.timeout(420)
 def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
     out = str(tmp_path / "bench")
-    stdout = _run("benchmarks.run_all", out, "--only=trainer_vs_baselines,steps_per_loop_auto,mirrored_vs_one_device",
+    stdout = run_smoke("benchmarks.run_all", out, "--only=trainer_vs_baselines,steps_per_loop_auto,mirrored_vs_one_device",
                   timeout=400)
     assert "tfdist_trainer benchmarks (SMOKE" in stdout
 
-    payload = _load(out, "trainer_vs_baselines")
+    payload = load(out, "trainer_vs_baselines")
     assert payload["benchmark"] == "trainer_vs_baselines" and payload["smoke"] is True
     assert payload["baseline"] == "handwritten"
     assert set(payload["results"]) == {"trainer", "handwritten", "fit_default", "fit_spe100"}
@@ -72,22 +34,22 @@ def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
     assert {"trainer_over_handwritten_time", "trainer_over_handwritten_meets_target",
             "trainer_speedup_vs_fit_default", "trainer_speedup_vs_fit_default_meets_target",
             "trainer_speedup_vs_fit_spe100"} <= set(payload["summary"])
-    targets = {f["target"] for f in _check_figures(payload, at_least=3)}
+    targets = {f["target"] for f in check_figures(payload, at_least=3)}
     assert {"<= 1.03", ">= 1.7"} <= targets
 
-    auto = _load(out, "steps_per_loop_auto")
+    auto = load(out, "steps_per_loop_auto")
     assert set(auto["results"]) == {"fixed_1", "fixed_10", "auto"}
     assert auto["results"]["auto"]["steps_per_loop"] >= 1
     assert auto["summary"]["best_fixed"] in ("fixed_1", "fixed_10")
-    (figure,) = _check_figures(auto)
+    (figure,) = check_figures(auto)
     assert figure["target"] == ">= 0.9" and isinstance(figure["meets_target"], bool)
 
-    mirrored = _load(out, "mirrored_vs_one_device")
+    mirrored = load(out, "mirrored_vs_one_device")
     assert mirrored["results"]["mirrored"]["replicas"] == 2 and mirrored["results"]["one_device"]["replicas"] == 1
     assert len(mirrored["devices"]) == 2
-    _check_figures(mirrored)
+    check_figures(mirrored)
 
-    combined = _load(out, "run_all")
+    combined = load(out, "run_all")
     assert all(st["exit_code"] == 0 for st in combined["status"].values())
     assert set(combined["status"]) == {"trainer_vs_baselines", "steps_per_loop_auto", "mirrored_vs_one_device"}
     assert len(combined["rows"]) == len(combined["figures"]) >= 5
@@ -96,26 +58,24 @@ def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
 
     # --report_only rebuilds the combined report from the JSON files, running nothing.
     os.remove(combined["chart"])
-    stdout = _run("benchmarks.run_all", out, "--report_only", "--only=trainer_vs_baselines,steps_per_loop_auto",
+    stdout = run_smoke("benchmarks.run_all", out, "--report_only", "--only=trainer_vs_baselines,steps_per_loop_auto",
                   timeout=120)
     assert "trainer_vs_baselines: ok (from its JSON)" in stdout and "[run_all] -m" not in stdout
-    rebuilt = _load(out, "run_all")
+    rebuilt = load(out, "run_all")
     assert rebuilt["smoke"] is True and os.path.exists(rebuilt["chart"])
     assert len(rebuilt["figures"]) == len(combined["figures"]) - len(mirrored["figures"])
 
 
 def test_run_all_refuses_an_unknown_benchmark(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run_all", "--only=nope", f"--out={tmp_path}"],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    proc = run_benchmark("benchmarks.run_all", str(tmp_path), "--only=nope", timeout=60)
     assert proc.returncode == 2
     assert "--only: unknown nope" in proc.stdout
 
 
 def test_run_all_exits_1_when_a_benchmark_fails(tmp_path):
     # A bad argument makes the benchmark itself exit 2; run_all reports it and exits 1.
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run_all", "--only=steps_per_loop_auto",
-                           "--args=steps_per_loop_auto=--fixed=0", f"--out={tmp_path}"],
-                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    proc = run_benchmark("benchmarks.run_all", str(tmp_path), "--only=steps_per_loop_auto",
+                         "--args=steps_per_loop_auto=--fixed=0", timeout=120)
     assert proc.returncode == 1, proc.stdout
     assert "steps_per_loop_auto FAILED with exit code 2" in proc.stdout
     assert "--fixed needs positive integers" in proc.stdout
@@ -125,9 +85,9 @@ def test_run_all_exits_1_when_a_benchmark_fails(tmp_path):
 @pytest.mark.timeout(300)
 def test_ps_steps_per_loop_smoke(tmp_path):
     out = str(tmp_path / "bench")
-    _run("benchmarks.ps_steps_per_loop", out)
+    run_smoke("benchmarks.ps_steps_per_loop", out)
 
-    payload = _load(out, "ps_steps_per_loop")
+    payload = load(out, "ps_steps_per_loop")
     assert payload["benchmark"] == "ps_steps_per_loop" and payload["smoke"] is True
     assert payload["baseline"] == "steps_per_loop=1"
     assert [r["steps_per_loop"] for r in payload["results"]] == [1, 10, 100, "auto"]
@@ -139,7 +99,7 @@ def test_ps_steps_per_loop_smoke(tmp_path):
     # The real cluster trained: every scheduled step was counted once.
     assert payload["global_step_exact"] is True
     assert payload["recommendation"]["steps_per_loop"] in (1, 10, 100)
-    auto = [f for f in _check_figures(payload, at_least=2) if "'auto'" in f["figure"]]
+    auto = [f for f in check_figures(payload, at_least=2) if "'auto'" in f["figure"]]
     assert len(auto) == 1 and auto[0]["target"] == ">= 0.9"
     # The ps and worker tasks it started are gone: nothing listens on their ports any more.
     for task_type in ("ps", "worker"):
@@ -153,13 +113,13 @@ def test_ps_steps_per_loop_smoke(tmp_path):
 @pytest.mark.timeout(400)
 def test_ps_ratios_smoke(tmp_path):
     out = str(tmp_path / "bench")
-    _run("benchmarks.ps_ratios", out, "--layouts=1:1,1:2", timeout=380)
-    payload = _load(out, "ps_ratios")
+    run_smoke("benchmarks.ps_ratios", out, "--layouts=1:1,1:2", timeout=380)
+    payload = load(out, "ps_ratios")
     assert payload["baseline"] == "ps:worker 1:1"
     assert {name: (r["num_ps"], r["num_workers"]) for name, r in payload["results"].items()} == {
         "1:1": (1, 1), "1:2": (1, 2)}
     assert payload["global_step_exact"] is True
-    (figure,) = _check_figures(payload)
+    (figure,) = check_figures(payload)
     assert figure["baseline"] == "ps:worker 1:1"
 
 
@@ -167,21 +127,21 @@ def test_ps_ratios_smoke(tmp_path):
 @pytest.mark.timeout(300)
 def test_sharded_embedding_smoke_has_an_unsharded_baseline(tmp_path):
     out = str(tmp_path / "bench")
-    _run("benchmarks.sharded_embedding", out, timeout=280)
-    payload = _load(out, "sharded_embedding")
+    run_smoke("benchmarks.sharded_embedding", out, timeout=280)
+    payload = load(out, "sharded_embedding")
     tiny, base = payload["results"]["tiny"], payload["baselines"]["tiny"]
     assert tiny["num_shards"] > base["num_shards"]  # two shards per table on 2 ps, against one
     assert tiny["table_parameters"] == base["table_parameters"]
     assert 0 < tiny["estimated_bytes_moved_per_step"] < tiny["dense_read_bytes_per_step"]
-    units = [f["unit"] for f in _check_figures(payload, at_least=2)]
+    units = [f["unit"] for f in check_figures(payload, at_least=2)]
     assert units == ["steps/s", "bytes/step"]
 
 
 @pytest.mark.timeout(300)
 def test_model_parallel_smoke(tmp_path):
     out = str(tmp_path / "bench")
-    _run("benchmarks.model_parallel", out, timeout=280)
-    payload = _load(out, "model_parallel")
+    run_smoke("benchmarks.model_parallel", out, timeout=280)
+    payload = load(out, "model_parallel")
     assert {"one_device", "mp2", "mp2_pipelined"} <= set(payload["results"])
-    figures = _check_figures(payload, at_least=2)
+    figures = check_figures(payload, at_least=2)
     assert all(f["baseline"].startswith("one_device") for f in figures)
