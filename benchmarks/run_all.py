@@ -107,9 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         code, seconds = (0, 0.0) if args.report_only else run_one(name, args)
         status[name] = {"exit_code": code, "wall_s": round(seconds, 1)}
         path = os.path.join(args.out, f"{name}.json")
-        if code != 0 or not os.path.exists(path):
+        if code != 0:
             print(f"[run_all] {name} FAILED with exit code {code}", flush=True)
-            status[name]["exit_code"] = code or 1
+            continue
+        if not os.path.exists(path):
+            print(f"[run_all] {name} FAILED: it wrote no {path}"
+                  + ("; run it first (without --report_only)" if args.report_only else ""), flush=True)
+            status[name]["exit_code"] = 1
             continue
         with open(path) as f:
             payload = json.load(f)

@@ -72,6 +72,13 @@ def test_run_all_refuses_an_unknown_benchmark(tmp_path):
     assert "--only: unknown nope" in proc.stdout
 
 
+def test_run_all_report_only_without_results_says_to_run_first(tmp_path):
+    proc = run_benchmark("benchmarks.run_all", str(tmp_path), "--report_only", "--only=ps_ratios", timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    assert f"ps_ratios FAILED: it wrote no {tmp_path}/ps_ratios.json; run it first (without --report_only)" \
+        in proc.stdout
+
+
 def test_run_all_exits_1_when_a_benchmark_fails(tmp_path):
     # A bad argument makes the benchmark itself exit 2; run_all reports it and exits 1.
     proc = run_benchmark("benchmarks.run_all", str(tmp_path), "--only=steps_per_loop_auto",
