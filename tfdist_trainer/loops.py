@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import data as data_lib
+from tfdist_trainer import watchdog
 from tfdist_trainer.trainer import Trainer
 
 
@@ -184,18 +186,24 @@ class ScheduledTrainLoop:
 
     def __init__(self, strategy: tf.distribute.Strategy, coordinator: Any, trainer: Trainer,
                  global_step: tf.Variable, steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False,
-                 step_fn: Callable | None = None, num_workers: int = 1):
+                 step_fn: Callable | None = None, num_workers: int = 1, stall_timeout_s: float = 0.0,
+                 worker_addresses: Sequence[str] = ()):
         self.coordinator = coordinator
         self.num_workers = max(1, num_workers)
         self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
+        self.stall_timeout_s = stall_timeout_s
+        self.worker_addresses = list(worker_addresses)
         self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn)
 
         @tf.autograph.experimental.do_not_convert
         def per_worker_dataset_fn():
-            # Each worker is one input pipeline; asynchronous workers need no sharding.
+            # TF's own context says "pipeline 0 of 1" on every worker (and the function is traced
+            # once, on the chief): the worker's index, bound when the dataset is made on each
+            # worker, lets shard() give each worker its own share of the data.
+            context = data_lib.worker_input_context(self.num_workers)
             return strategy.distribute_datasets_from_function(
                 tf.autograph.experimental.do_not_convert(
-                    lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
+                    lambda _: data_lib.finish(trainer.build_train_dataset(context))))
 
         per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
         self._iterator = iter(per_worker)
@@ -214,7 +222,8 @@ class ScheduledTrainLoop:
         for n in [size] * full + ([rest] if rest else []):
             scheduled.append((n, self.coordinator.schedule(
                 self._loop, args=(self._iterator, tf.constant(n, tf.int64)))))
-        self.coordinator.join()
+        watchdog.wait_for_closures(self.coordinator, [remote for _, remote in scheduled],
+                                   timeout_s=self.stall_timeout_s, worker_addresses=self.worker_addresses)
         parts = []
         for n, remote in scheduled:
             loss, first_bad = remote.fetch()

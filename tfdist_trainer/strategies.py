@@ -56,6 +56,10 @@ class StrategyConfig(abc.ABC):
     #: Whether train.jit_compile can work: XLA compiles a step for one device.
     supports_jit_compile: bool = True
 
+    #: Seconds without a finished scheduled closure before the chief gives up (0: never);
+    #: only strategies with a coordinator schedule closures.
+    stall_timeout_s: float = 0.0
+
     def launch_layout(self, *, num_workers: int, num_ps: int) -> dict[str, int]:
         """The task types and counts `tfdist-launch` starts for this strategy."""
         return {CHIEF: 1}
@@ -63,6 +67,15 @@ class StrategyConfig(abc.ABC):
     def restart_group(self, failed_role: str, roles: list[str]) -> list[str]:
         """The tasks to restart together when `failed_role` dies (a launcher's restart policy)."""
         return [failed_role]
+
+    def survives_loss_of(self, task_type: str) -> bool:
+        """Whether the job goes on, without a restart, when a task of this type dies.
+
+        True only where the strategy itself absorbs the loss (parameter_server
+        workers: the coordinator re-runs their closures on the others). The
+        launcher and the Kubernetes manifests then keep the job alive.
+        """
+        return False
 
     def prepare_model(self, model: Any) -> Any:
         """Called on the user's model before it is built (model_parallel places its layers here)."""
@@ -186,12 +199,25 @@ class ParameterServer(StrategyConfig):
     name = "parameter_server"
     holds_port_while_waiting = False
 
-    def __init__(self, steps_per_loop: int = 10):
+    def __init__(self, steps_per_loop: int = 10, stall_timeout_s: float = 300.0):
+        """
+        Args:
+          steps_per_loop: steps per scheduled closure unless train.steps_per_loop is set.
+          stall_timeout_s: the chief's watchdog. When no scheduled closure has finished for
+            this long, the chief names the silent worker(s), saves a checkpoint and exits with
+            the retryable code 200, so that a restart policy resumes the job. TF's gRPC has no
+            keepalive: without it a permanently partitioned worker stalls the chief forever.
+            Keep it far above one closure's time; 0 turns the watchdog off.
+        """
         # No variable_partitioner: Keras 3 cannot differentiate the ShardedVariables it makes
         # (see DESIGN.md); large tables shard themselves instead (tfdist_trainer.layers).
-        if steps_per_loop < 1:
-            raise ValueError(f"parameter_server.steps_per_loop must be >= 1, got {steps_per_loop}.")
+        if isinstance(steps_per_loop, bool) or not isinstance(steps_per_loop, int) or steps_per_loop < 1:
+            raise ValueError(f"parameter_server.steps_per_loop must be an integer >= 1, got {steps_per_loop!r}.")
+        if isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float)) or stall_timeout_s < 0:
+            raise ValueError(f"parameter_server.stall_timeout_s must be a number of seconds >= 0 (0: no watchdog), "
+                             f"got {stall_timeout_s!r}.")
         self.default_steps_per_loop = steps_per_loop
+        self.stall_timeout_s = float(stall_timeout_s)
 
     def validate(self, cluster):
         if cluster.is_local or not cluster.num_tasks(PS):
@@ -223,6 +249,9 @@ class ParameterServer(StrategyConfig):
         if failed_role.split(":")[0] in (CHIEF, PS):
             return [r for r in roles if r.split(":")[0] in (CHIEF, PS)]
         return [failed_role]
+
+    def survives_loss_of(self, task_type):
+        return task_type == WORKER
 
     def create(self, cluster):
         import tensorflow as tf
@@ -423,9 +452,11 @@ class ModelParallel(StrategyConfig):
 
     def _placement_path(self) -> str | None:
         import os
+
+        from tfdist_trainer import storage
         if not self.placement_file:
             return None
-        if os.path.isabs(self.placement_file):
+        if os.path.isabs(self.placement_file) or "://" in self.placement_file:
             return self.placement_file
         model_dir = None
         try:
@@ -434,4 +465,4 @@ class ModelParallel(StrategyConfig):
                 model_dir = flags.FLAGS.model_dir
         except Exception:  # noqa: BLE001 - no absl flags in this process (a library user): no file
             model_dir = None
-        return os.path.join(model_dir, self.placement_file) if model_dir else None
+        return storage.join(model_dir, self.placement_file) if model_dir else None
