@@ -83,7 +83,9 @@ def test_tfjob_replica_types_follow_the_strategy(strategy, evaluator, replicas):
     assert tfjob["apiVersion"] == "kubeflow.org/v1"
     specs = tfjob["spec"]["tfReplicaSpecs"]
     assert {t: s["replicas"] for t, s in specs.items()} == replicas
-    assert all(s["restartPolicy"] == "ExitCode" for s in specs.values())
+    # A parameter_server worker must never fail the TFJob: it restarts in place instead.
+    assert {t: s["restartPolicy"] for t, s in specs.items()} == {
+        t: "OnFailure" if (strategy, t) == ("parameter_server", "Worker") else "ExitCode" for t in specs}
     # The same layout as a local launch.
     layout = STRATEGIES[strategy].launch_layout(num_workers=2, num_ps=1)
     assert {t for t, n in layout.items() if n} | ({"evaluator"} if evaluator else set()) == \
@@ -167,9 +169,12 @@ def test_indexed_jobs_give_each_pod_a_tf_config_from_its_completion_index(strate
         pod = spec["template"]["spec"]
         assert pod["subdomain"] == "mnist" and pod["restartPolicy"] == "Never"
         assert set(service["spec"]["selector"].items()) <= set(spec["template"]["metadata"]["labels"].items())
-        # ExitCode: 1-127 fail the job at once; 128-255 (signals, preemption, a lost peer) are retried.
+        # ExitCode: 1-127 fail the job at once (a parameter_server worker: only its own index);
+        # 128-255 (signals, preemption, a lost peer) are retried.
         (rule,) = spec["podFailurePolicy"]["rules"]
-        assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == list(range(1, 128))
+        losable = (strategy, task_type) == ("parameter_server", "worker")
+        assert rule["action"] == ("FailIndex" if losable else "FailJob")
+        assert rule["onExitCodes"]["values"] == list(range(1, 128))
         c = container(spec["template"])
         assert c["command"] == ["tfdist-train"] and c["args"] == TRAIN_ARGS
         names = [e["name"] for e in c["env"]]
@@ -204,8 +209,13 @@ def test_indexed_single_process_has_no_tf_config():
 ])
 def test_indexed_restart_policies(policy, pod_restart, backoff, has_failure_policy):
     for job in by_kind(build("parameter_server", flavor="indexed", restart_policy=policy), "Job"):
-        assert job["spec"]["template"]["spec"]["restartPolicy"] == pod_restart
-        assert job["spec"]["backoffLimit"] == backoff
+        if job["metadata"]["labels"][k8s.TYPE_LABEL] == "worker":
+            # Each worker retries on its own: one that fails for good leaves the others running.
+            assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+            assert job["spec"]["backoffLimitPerIndex"] == backoff and "backoffLimit" not in job["spec"]
+        else:
+            assert job["spec"]["template"]["spec"]["restartPolicy"] == pod_restart
+            assert job["spec"]["backoffLimit"] == backoff
         assert ("podFailurePolicy" in job["spec"]) == has_failure_policy
 
 
@@ -285,7 +295,8 @@ def test_emit_k8s_tfjob_from_the_gin_files(tmp_path):
     assert tfjob["metadata"]["name"] == model_dir.rsplit("/", 1)[1]
     specs = tfjob["spec"]["tfReplicaSpecs"]
     assert {t: s["replicas"] for t, s in specs.items()} == {"Chief": 1, "Worker": 3, "PS": 2, "Evaluator": 1}
-    assert all(s["restartPolicy"] == "ExitCode" for s in specs.values())
+    assert {t: s["restartPolicy"] for t, s in specs.items()} == \
+        {"Chief": "ExitCode", "Worker": "OnFailure", "PS": "ExitCode", "Evaluator": "ExitCode"}
     assert all(container(s["template"])["args"] == train_args for s in specs.values())
     assert "[launch] TFJob, NetworkPolicy for parameter_server" in r.stderr
     assert clusterlib.no_process_left(model_dir) == []

@@ -10,13 +10,17 @@ exactly as for a local launch (`task_layout`). Every pod runs the same
 
 * ``tfjob``: the training operator injects TF_CONFIG into the container named
   ``tensorflow`` (one replica spec per task type: Chief, Worker, PS,
-  Evaluator), restartPolicy ExitCode by default.
+  Evaluator), restartPolicy ExitCode by default; under parameter_server the
+  workers get OnFailure, because the operator fails the whole TFJob when a
+  replica's pod fails and a lost worker must not end the job.
 * ``indexed``: one ``batch/v1`` Job per task type with ``completionMode:
   Indexed``, and a headless Service whose name is every pod's ``subdomain``,
   so that task i of type t answers at ``<name>-<t>-<i>.<name>``. TF_CONFIG is
   an env var built from the pod's completion index (the downward API
   annotation ``batch.kubernetes.io/job-completion-index``, expanded with
-  Kubernetes' ``$(VAR)`` syntax); no shell in the image is needed.
+  Kubernetes' ``$(VAR)`` syntax); no shell in the image is needed. Under
+  parameter_server the worker Job retries per index (``backoffLimitPerIndex``,
+  Kubernetes >= 1.29), so one failing worker never takes the others down.
 
 Both add a NetworkPolicy that admits traffic to the job's pods only from
 pods of the same job, on the gRPC port: TensorFlow's servers have no
@@ -241,7 +245,10 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
         for task_type, count in layout.items():
             replica_specs[TFJOB_REPLICA_TYPES[task_type]] = {
                 "replicas": count,
-                "restartPolicy": restart_policy,
+                # The operator fails a TFJob as soon as a replica's pod fails for good. A task the
+                # strategy can lose is restarted in place instead (its pod never fails); its
+                # restarts count towards runPolicy.backoffLimit.
+                "restartPolicy": "OnFailure" if strategy_config.survives_loss_of(task_type) else restart_policy,
                 "template": {
                     "metadata": {"labels": _labels(name, task_type)},
                     "spec": _pod_spec(container_for(task_type), restart_policy=None, volume=mount),
@@ -277,6 +284,8 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
     objects: list[dict[str, Any]] = [service]
     pod_restart = {"Never": "Never", "OnFailure": "OnFailure", "ExitCode": "Never"}[restart_policy]
     for task_type, count in layout.items():
+        # backoffLimitPerIndex (Kubernetes >= 1.29) needs pods that never restart in place.
+        restart = "Never" if strategy_config.survives_loss_of(task_type) else pod_restart
         env: list[dict[str, Any]] = []
         if multi_task:
             # TASK_INDEX must come before TF_CONFIG: $(VAR) expands only variables defined earlier.
@@ -290,16 +299,23 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
             "completionMode": "Indexed",
             "completions": count,
             "parallelism": count,
-            "backoffLimit": 0 if restart_policy == "Never" else backoff_limit,
         }
+        retries = 0 if restart_policy == "Never" else backoff_limit
+        losable = strategy_config.survives_loss_of(task_type)
+        if losable:
+            # Each index has its own retry budget: a Job that runs out of a shared backoffLimit
+            # kills all its pods, so one failing worker would take every other worker with it.
+            job_spec["backoffLimitPerIndex"] = retries
+        else:
+            job_spec["backoffLimit"] = retries
         if restart_policy == "ExitCode":
             job_spec["podFailurePolicy"] = {"rules": [{
-                "action": "FailJob",
+                "action": "FailIndex" if losable else "FailJob",
                 "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": PERMANENT_EXIT_CODES},
             }]}
         job_spec["template"] = {
             "metadata": {"labels": _labels(name, task_type)},
-            "spec": _pod_spec(container_for(task_type, env), restart_policy=pod_restart, volume=mount,
+            "spec": _pod_spec(container_for(task_type, env), restart_policy=restart, volume=mount,
                               extra={"subdomain": name}),
         }
         objects.append({
