@@ -7,12 +7,10 @@ throw-away directory that is removed right after.
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import tensorflow as tf
 from absl import logging
 
+from tfdist_trainer import storage
 from tfdist_trainer.cluster import ClusterConfig
 
 
@@ -24,7 +22,7 @@ class Checkpointer:
         self.model_dir = model_dir
         self.is_writer = cluster.is_chief
         self.global_step = global_step
-        self._directory = model_dir if self.is_writer else os.path.join(
+        self._directory = model_dir if self.is_writer else storage.join(
             model_dir, ".tmp_checkpoints", cluster.role.replace(":", "-"))
         self._manager = tf.train.CheckpointManager(
             checkpoint, self._directory, max_to_keep=keep, step_counter=global_step)
@@ -39,9 +37,9 @@ class Checkpointer:
         chief removes such leftovers.
         """
         if self.is_writer:
-            for leftover in tf.io.gfile.glob(os.path.join(self.model_dir, "ckpt-*_temp")):
+            for leftover in storage.glob(storage.join(self.model_dir, "ckpt-*_temp")):
                 logging.info("removing %s, left by a save that did not finish", leftover)
-                tf.io.gfile.rmtree(leftover)
+                storage.rmtree(leftover)
         latest = tf.train.latest_checkpoint(self.model_dir)
         if latest is None:
             return None
@@ -64,8 +62,5 @@ class Checkpointer:
         if self.is_writer:
             logging.info("saved checkpoint %s", path)
         else:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            try:  # the last worker out removes the shared parent too
-                os.rmdir(os.path.dirname(self._directory))
-            except OSError:
-                pass
+            storage.rmtree(self._directory)
+            storage.remove_if_empty(storage.dirname(self._directory))  # the last worker out removes the parent

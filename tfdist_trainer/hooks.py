@@ -15,7 +15,6 @@ Configure them in gin, e.g.::
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ import gin
 from absl import logging
 
 from tfdist_trainer import loops
+from tfdist_trainer import storage
 
 if TYPE_CHECKING:
     from tfdist_trainer.runner import RunContext
@@ -215,7 +215,7 @@ class ExportSavedModel(Hook):
     def end(self, run):
         if not run.cluster.is_chief:
             return
-        path = self.export_dir or os.path.join(run.model_dir, "export", str(run.step))
+        path = self.export_dir or storage.join(run.model_dir, "export", str(run.step))
         run.export_saved_model(path)
 
 

@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -58,6 +57,8 @@ import numpy as np
 import tensorflow as tf
 # SaveableObject/SaveSpec: the checkpoint API TF's own ShardedVariable uses to save slices of one tensor.
 from tensorflow.python.training.saving import saveable_object
+
+from tfdist_trainer import storage
 
 PARTITION_STRATEGIES = ("div", "mod")
 #: Bytes per checkpoint slice when a table is saved in "mod" layout (bounded memory per slice).
@@ -831,8 +832,5 @@ def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, 
 
 
 def write_json(path: str, payload: Any) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Writes a JSON report atomically (a local path or any URI tf.io.gfile writes, e.g. under model_dir)."""
+    storage.write_text(path, json.dumps(payload, indent=2) + "\n")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import logging as std_logging
-import os
 import time
 
 from absl import logging
+
+from tfdist_trainer import storage
 
 
 class _RoleFormatter(std_logging.Formatter):
@@ -32,27 +33,40 @@ def set_role(role: str) -> None:
 
 
 class MetricsRecord:
-    """Appends one JSON object per report to ``model_dir/<name>``; what tests, demos and tools read."""
+    """One JSON object per report in ``model_dir/<name>`` (JSON lines); what tests, demos and tools read.
+
+    Object stores cannot append, so the records are kept in memory and the
+    whole file is rewritten (atomically, see storage.write_text) on each
+    report; the records already there are read back first, so a restarted
+    chief keeps the run's history. Reports are small and come every
+    log_every_n_steps, so the rewrite stays cheap.
+    """
 
     def __init__(self, path: str, enabled: bool = True):
         self.path = path
         self.enabled = enabled
+        self._text = ""
         if enabled:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            storage.makedirs(storage.dirname(path))
+            self._text = "".join(json.dumps(r) + "\n" for r in read_records(path))
 
     def write(self, **fields) -> None:
         if not self.enabled:
             return
         fields.setdefault("time", time.time())
-        with open(self.path, "a") as f:
-            f.write(json.dumps(fields) + "\n")
+        self._text += json.dumps(fields) + "\n"
+        storage.write_text(self.path, self._text)
 
 
 def read_records(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a metrics file (a local path or any URI tf.io.gfile reads); [] when it is absent."""
+    records = []
+    for line in (storage.read_text(path) or "").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass  # a torn last line, left by an older version that appended
+    return records
 
 
 class Summaries:
@@ -66,7 +80,7 @@ class Summaries:
     def _writer(self, name: str):
         import tensorflow as tf
         if name not in self._writers:
-            self._writers[name] = (tf.summary.create_file_writer(os.path.join(self.model_dir, name))
+            self._writers[name] = (tf.summary.create_file_writer(storage.join(self.model_dir, name))
                                    if self.enabled else tf.summary.create_noop_writer())
         return self._writers[name]
 

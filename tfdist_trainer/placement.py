@@ -36,10 +36,11 @@ import contextlib
 import functools
 import json
 import math
-import os
 import re
 from collections.abc import Sequence
 from typing import Any, Callable
+
+from tfdist_trainer import storage
 
 AUTO = "auto"
 
@@ -521,13 +522,11 @@ class Placement:
 
 
 def write_report(path: str, payload: dict[str, Any]) -> None:
-    directory = os.path.dirname(path)
+    """Writes the placement report (a local path or any URI tf.io.gfile writes, e.g. under model_dir)."""
+    directory = storage.dirname(path)
     if directory:
-        os.makedirs(directory, exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(payload, f, indent=2)
-        f.write("\n")
-    os.replace(path + ".tmp", path)
+        storage.makedirs(directory)
+    storage.write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 # -- the training step -------------------------------------------------------------

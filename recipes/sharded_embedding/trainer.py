@@ -28,7 +28,7 @@ import tensorflow as tf
 from absl import flags, logging
 
 from recipes.sharded_embedding import data as click_data
-from tfdist_trainer import Trainer, layers
+from tfdist_trainer import Trainer, layers, storage
 
 
 def _per_feature(name: str, value: Any, count: int) -> list:
@@ -212,8 +212,8 @@ class ClickTrainer(Trainer):
     def _write_report(self, name: str, payload: Any) -> None:
         directory = self._report_dir()
         if directory:
-            os.makedirs(directory, exist_ok=True)
-            layers.write_json(os.path.join(directory, name), payload)
+            storage.makedirs(directory)
+            layers.write_json(storage.join(directory, name), payload)
 
     def _report_placement(self, model: keras.Model) -> None:
         if not _is_chief():

@@ -1,0 +1,190 @@
+"""model_dir on shared storage: every read and write goes through tf.io.gfile.
+
+A ``ram://`` model_dir (TensorFlow's in-memory file system, private to one
+process) and a ``file://`` URI (which Python's `open`, `os` and `shutil` take
+for a relative path) make any stray local-disk access fail or show up as a
+folder named ``ram:`` or ``file:`` in the working directory, which is why the
+processes run with ``cwd=tmp_path``. The ``ram://`` runs drive the CLI inside
+one Python process that then lists what the run wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+import tensorflow as tf
+
+import clusterlib
+from clusterlib import FAST_MNIST, PYTHON, base_env, launch_cmd, strategy_gin
+from tfdist_trainer import runner, storage
+from tfdist_trainer.logs import MetricsRecord, read_records
+
+STEPS = 40
+TIMEOUT_S = 180
+
+
+def _args(strategy: str, model_dir: str) -> list[str]:
+    return [*FAST_MNIST, strategy_gin(strategy), f"--gin_bindings=train.train_steps={STEPS}",
+            "--gin_bindings=train.log_every_n_steps=20", "--gin_bindings=train.checkpoint_every_n_steps=20",
+            f"--model_dir={model_dir}"]
+
+
+def _run(cmd: list[str], cwd) -> subprocess.CompletedProcess:
+    return clusterlib.run(cmd, env=base_env(), cwd=str(cwd), timeout=TIMEOUT_S)
+
+
+def _assert_no_stray_dirs(cwd) -> None:
+    """Python's open()/os on a URI would have made a relative folder named after its scheme."""
+    stray = [name for name in os.listdir(cwd) if name.rstrip(":") in ("ram", "file", "gs", "s3")]
+    assert not stray, f"a URI model_dir was used as a local path: {stray} in {cwd}"
+
+
+def _assert_run_complete(files: dict[str, str], output: str) -> None:
+    """`files`: path relative to model_dir -> text (only for the small text files), as the run left them."""
+    assert "checkpoint" in files and any(name.startswith(f"ckpt-{STEPS}.") for name in files), \
+        f"no checkpoint at step {STEPS}: {sorted(files)}\n{output[-4000:]}"
+    records = [json.loads(line) for line in files["metrics.jsonl"].splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [20, 40], records
+    assert any(r["kind"] == "eval" and r["step"] == STEPS for r in records), records
+    assert files["config.gin"].startswith("# command:") and "train.train_steps" in files["config.gin"]
+    assert "train.train_steps" in files["operative_config.gin"]
+    marker = json.loads(files[runner.DONE_FILE])
+    assert marker["step"] == STEPS and marker["run_id"], marker
+    assert not any(".tmp-" in name for name in files), f"a temporary file was left: {sorted(files)}"
+
+
+# One Python process: runs tfdist-train's main, then lists what it wrote under the ram:// model_dir.
+_IN_PROCESS = r"""
+import json, sys
+import tensorflow as tf
+from tfdist_trainer import cli
+model_dir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--model_dir="))
+sys.argv = ["tfdist-train", *sys.argv[1:]]
+try:
+    cli.run()
+    code = 0
+except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+files = {}
+for root, _, names in tf.io.gfile.walk(model_dir):
+    for name in names:
+        path = root.rstrip("/") + "/" + name
+        rel = path[len(model_dir):].lstrip("/")
+        small = name in ("metrics.jsonl", "config.gin", "operative_config.gin", "training_done", "checkpoint")
+        files[rel] = tf.io.gfile.GFile(path).read() if small else ""
+print("RAM_FILES " + json.dumps(files), flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_ram_model_dir_in_one_process(tmp_path, strategy):
+    model_dir = f"ram://tfdist-{uuid.uuid4().hex[:8]}/run"
+    result = _run([PYTHON, "-c", _IN_PROCESS, *_args(strategy, model_dir)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-6000:]
+    listing = [line for line in result.stdout.splitlines() if line.startswith("RAM_FILES ")]
+    assert listing, result.stdout[-4000:]
+    files = json.loads(listing[-1][len("RAM_FILES "):])
+    _assert_run_complete(files, result.stdout)
+    replicas = {"one_device": 1, "mirrored": 2}[strategy]
+    assert f"strategy {strategy} with {replicas} replica(s) in sync" in result.stdout
+    _assert_no_stray_dirs(tmp_path)
+
+
+def _local_files(model_dir: str) -> dict[str, str]:
+    files = {}
+    for root, _, names in os.walk(model_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, errors="replace") as f:
+                files[os.path.relpath(path, model_dir)] = f.read()
+    return files
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy, launch_args, roles", [
+    ("parameter_server", ["--num_workers=2", "--num_ps=1"], ["chief:0", "worker:0", "worker:1", "ps:0"]),
+    ("multi_worker_mirrored", ["--num_workers=2"], ["worker:0", "worker:1"]),
+])
+def test_file_uri_model_dir_via_launcher(tmp_path, strategy, launch_args, roles):
+    local = tmp_path / "run"
+    model_dir = f"file://{local}"
+    train_args = _args(strategy, model_dir)
+    if strategy == "parameter_server":
+        # Far longer than the test: a serving task that exits must have seen the done marker.
+        train_args.append("--chief_gone_grace_s=600")
+    result = _run(launch_cmd(launch_args, train_args), cwd=tmp_path)
+    out = result.stdout
+    assert result.returncode == 0, out[-8000:]
+    files = _local_files(str(local))
+    _assert_run_complete(files, out)
+    assert tf.train.latest_checkpoint(str(local)).endswith(f"ckpt-{STEPS}")
+    assert ".tmp_checkpoints" not in os.listdir(local), "throw-away checkpoints were left"
+    assert sorted(os.listdir(local / "logs")) == sorted(r.replace(":", "-") + ".log" for r in roles)
+    for role in roles:
+        assert files[f"logs/{role.replace(':', '-')}.log"].strip(), f"{role}'s log copy is empty"
+    servers = [r for r in roles if r.startswith(("ps", "worker")) and strategy == "parameter_server"]
+    for role in servers:  # they saw the marker and exited 0 by themselves, before the launcher stopped them
+        assert f"[launch] {role} finished" in out, out[-6000:]
+        assert "the chief marked training done: exiting" in files[f"logs/{role.replace(':', '-')}.log"]
+    _assert_no_stray_dirs(tmp_path)
+    assert clusterlib.no_process_left(str(local)) == []
+
+
+def test_launcher_refuses_a_ram_model_dir(tmp_path):
+    result = _run(launch_cmd(["--num_workers=2"], _args("multi_worker_mirrored", "ram://x/run")), cwd=tmp_path)
+    assert result.returncode == 2, result.stdout[-3000:]
+    assert "in-memory and private to one process" in result.stdout
+
+
+# -- units -----------------------------------------------------------------------
+
+def test_done_marker_from_an_older_run_is_ignored(tmp_path):
+    model_dir = f"file://{tmp_path}"
+    assert runner._done_run_id(model_dir) is None and runner._read_done(model_dir) is None
+    runner._mark_done(model_dir, 30)  # an older run finished at step 30
+    stale = runner._done_run_id(model_dir)  # what a serving task of the next run sees when it starts
+    assert stale and runner._read_done(model_dir) == 30
+    assert not runner._done_since(model_dir, stale)
+    runner._mark_done(model_dir, None)  # the restarted chief clears it
+    assert runner._read_done(model_dir) is None and not runner._done_since(model_dir, stale)
+    runner._mark_done(model_dir, 60)  # this run is done
+    assert runner._done_since(model_dir, stale) and runner._read_done(model_dir) == 60
+    assert runner._done_since(model_dir, None)  # a task that started after the clear
+    # The marker holds an id and the step, not a time: the same step again is still a new marker.
+    runner._mark_done(model_dir, 60)
+    assert runner._done_since(model_dir, runner._done_run_id(model_dir)) is False
+    legacy = tmp_path / runner.DONE_FILE
+    legacy.write_text("30")  # written by an older version: a step only
+    assert runner._read_done(model_dir) == 30 and runner._done_run_id(model_dir) == ""
+
+
+def test_metrics_record_rewrites_and_keeps_history():
+    path = f"ram://tfdist-{uuid.uuid4().hex[:8]}/eval/metrics.jsonl"
+    first = MetricsRecord(path)
+    first.write(kind="train", step=1)
+    first.write(kind="train", step=2)
+    MetricsRecord(path).write(kind="train", step=3)  # a restarted chief keeps the history
+    assert [r["step"] for r in read_records(path)] == [1, 2, 3]
+    assert storage.listdir(storage.dirname(path)) == ["metrics.jsonl"]
+
+
+def test_storage_write_text_is_whole_and_local_helpers(tmp_path):
+    path = storage.join(f"file://{tmp_path}", "a", "b.txt")
+    storage.makedirs(storage.dirname(path), private=True)
+    assert oct(os.stat(tmp_path / "a").st_mode & 0o777) == oct(0o700)
+    storage.write_text(path, "one")
+    storage.write_text(path, "two")
+    assert storage.read_text(path) == "two" and storage.read_text(path + ".missing") is None
+    assert os.listdir(tmp_path / "a") == ["b.txt"]
+    storage.rmtree(storage.join(f"file://{tmp_path}", "a"))
+    storage.rmtree(storage.join(f"file://{tmp_path}", "a"))  # gone already: fine
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(storage.StorageError, match="tensorflow-io"):
+        storage.exists("s3://bucket/run")
