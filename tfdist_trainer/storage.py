@@ -1,8 +1,9 @@
 """Everything read or written under model_dir, through TensorFlow's file systems.
 
 model_dir may be a local path or a URI that only `tf.io.gfile` understands:
-``gs://`` (built into TensorFlow), ``s3://`` (with the tensorflow-io package),
-``hdfs://``, ``file://`` or the in-memory, per-process ``ram://``. Python's
+``gs://`` (built into TensorFlow), ``s3://`` and ``hdfs://`` (with the
+tensorflow-io package, imported here when such a path is used), ``file://``
+or the in-memory, per-process ``ram://``. Python's
 `open`, `os` and `shutil` would treat such a URI as a relative path (a folder
 named ``gs:`` in the working directory), so this module is the one place in
 the package that touches model_dir; everything else goes through it.
@@ -26,8 +27,21 @@ import uuid
 _OBJECT_STORES = ("gs://", "s3://")
 
 
-def _gfile():
+#: Schemes that TensorFlow itself lacks and the tensorflow-io package registers when it is imported.
+_TENSORFLOW_IO_SCHEMES = ("s3://", "hdfs://", "az://")
+_tensorflow_io_tried = False
+
+
+def _gfile(path: str):
+    """tf.io.gfile, after importing tensorflow-io (when installed) for a scheme only it provides."""
+    global _tensorflow_io_tried
     import tensorflow as tf
+    if path.startswith(_TENSORFLOW_IO_SCHEMES) and not _tensorflow_io_tried:
+        _tensorflow_io_tried = True
+        try:
+            import tensorflow_io  # noqa: F401  (registers s3://, hdfs://, az:// for the whole process)
+        except Exception:  # noqa: BLE001  not installed, or built for another TF: the error names the package
+            pass
     return tf.io.gfile
 
 
@@ -65,20 +79,20 @@ def _one_line(path: str):
         message = (e.message or type(e).__name__).strip().splitlines()[0]
         if isinstance(e, _errors().UnimplementedError) and "://" in path:
             scheme = path.split("://", 1)[0]
-            message += (f"; {scheme}:// needs the tensorflow-io package (pip install tensorflow-io)"
-                        if scheme in ("s3", "hdfs") else f"; TensorFlow has no {scheme}:// file system")
+            message += (f"; {scheme}:// needs the tensorflow-io package, in a release built for this TensorFlow"
+                        if f"{scheme}://" in _TENSORFLOW_IO_SCHEMES else f"; TensorFlow has no {scheme}:// file system")
         raise StorageError(message) from None
 
 
 def exists(path: str) -> bool:
     """Whether `path` exists; StorageError when its file system cannot be reached."""
     with _one_line(path):
-        return _gfile().exists(path)
+        return _gfile(path).exists(path)
 
 
 def isdir(path: str) -> bool:
     with _one_line(path):
-        return _gfile().isdir(path)
+        return _gfile(path).isdir(path)
 
 
 def makedirs(path: str, *, private: bool = False) -> None:
@@ -91,7 +105,7 @@ def makedirs(path: str, *, private: bool = False) -> None:
     local = local_path(path)
     created = private and local is not None and not os.path.isdir(local)
     with _one_line(path):
-        _gfile().makedirs(path)
+        _gfile(path).makedirs(path)
     if created:
         os.chmod(local, 0o700)
 
@@ -111,19 +125,19 @@ def make_private_dir(path: str) -> None:
 def listdir(path: str) -> list[str]:
     """Entry names in `path` (directories without a trailing slash); [] when it does not exist."""
     try:
-        return sorted(name.rstrip("/") for name in _gfile().listdir(path))
+        return sorted(name.rstrip("/") for name in _gfile(path).listdir(path))
     except _errors().NotFoundError:
         return []
 
 
 def glob(pattern: str) -> list[str]:
-    return _gfile().glob(pattern)
+    return _gfile(pattern).glob(pattern)
 
 
 def read_text(path: str) -> str | None:
     """The file's text, or None when it does not exist."""
     try:
-        with _gfile().GFile(path, "r") as f:
+        with _gfile(path).GFile(path, "r") as f:
             return f.read()
     except _errors().NotFoundError:
         return None
@@ -138,7 +152,7 @@ def write_text(path: str, text: str) -> None:
     written in one request is already atomic and a rename would be a copy and
     a delete, so it is written in place.
     """
-    gfile = _gfile()
+    gfile = _gfile(path)
     target = f"{path}.tmp-{uuid.uuid4().hex[:12]}" if _has_atomic_move(path) else path
     try:
         with gfile.GFile(target, "w") as f:
@@ -159,7 +173,7 @@ def _has_atomic_move(path: str) -> bool:
 def remove(path: str) -> None:
     """Deletes a file; a missing one is fine."""
     try:
-        _gfile().remove(path)
+        _gfile(path).remove(path)
     except _errors().NotFoundError:
         pass
 
@@ -167,7 +181,7 @@ def remove(path: str) -> None:
 def rmtree(path: str) -> None:
     """Deletes a directory and everything under it; a missing one is fine."""
     try:
-        _gfile().rmtree(path)
+        _gfile(path).rmtree(path)
     except _errors().NotFoundError:
         pass
 
@@ -207,7 +221,7 @@ class LogCopy:
         self._flush_every_s = 0.0 if local is not None else remote_flush_s
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
-        self._file = _gfile().GFile(path, "ab" if local is not None else "wb")
+        self._file = _gfile(path).GFile(path, "ab" if local is not None else "wb")
         if local is not None:
             self._file.write(b"")  # creates the file (GFile opens lazily), to make it private before any output
             self._file.flush()
