@@ -129,6 +129,25 @@ class HandCluster:
         with open(os.path.join(self.log_dir, role.replace(":", "-") + ".log")) as f:
             return f.read()
 
+    def wait_for_train_step(self, model_dir: str, step: int, timeout: float = 300) -> float:
+        """Waits for a train record at `step` or later; returns when it was seen (time.time()).
+
+        Fails, with every task's log, when a task exits first or the time runs out.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            train = train_records(model_dir)
+            if train and train[-1]["step"] >= step:
+                return time.time()
+            dead = {role: p.returncode for role, p in self.procs.items() if p.poll() is not None}
+            if dead:
+                raise AssertionError(f"{dead} exited before step {step}\n{self.logs()}")
+            time.sleep(0.05)
+        raise AssertionError(f"step {step} not reached within {timeout}s\n{self.logs()}")
+
+    def logs(self, tail: int = 3000) -> str:
+        return "\n".join(f"--- {role}\n{self.log(role)[-tail:]}" for role in self.procs)
+
     def kill_all(self) -> None:
         for proc in self.procs.values():
             try:

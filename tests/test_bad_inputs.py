@@ -156,6 +156,16 @@ def test_unknown_gin_binding(model_dir, binding, words):
     _check(r.stdout, r.returncode, model_dir, words, model_dir=model_dir)
 
 
+@pytest.mark.parametrize("binding, words", [
+    ("parameter_server.stall_timeout_s=-5", ["parameter_server.stall_timeout_s must be a number of seconds >= 0",
+                                             "0: no watchdog", "-5"]),
+    ("parameter_server.steps_per_loop=0", ["parameter_server.steps_per_loop must be an integer >= 1", "got 0"]),
+])
+def test_bad_parameter_server_setting(model_dir, binding, words):
+    r = _launch([], [*_mnist("parameter_server", model_dir), f"--gin_bindings={binding}"])
+    _check(r.stdout, r.returncode, model_dir, words, role="launch", model_dir=model_dir)
+
+
 def test_gin_file_with_a_syntax_error(model_dir, tmp_path):
     broken = tmp_path / "broken.gin"
     broken.write_text("train.train_steps = (10,\n")

@@ -89,6 +89,12 @@ class Job(clusterlib.BackgroundJob):
         assert pids, f"the launcher did not report starting {role}:\n{self.output()[-4000:]}"
         return int(pids[-1])
 
+    def kill_at_step(self, role: str, model_dir: str, step: int) -> float:
+        """SIGKILLs `role` once a train record at `step` or later exists; returns the kill time."""
+        self.wait_until(f"a train record at step >= {step}", train_step_reached(model_dir, step))
+        os.kill(self.task_pid(role), signal.SIGKILL)
+        return time.time()
+
 
 def train_step_reached(model_dir: str, step: int):
     """A predicate: the last train record whose step is >= `step`, else None."""

@@ -35,6 +35,7 @@ without CAP_SYS_ADMIN).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -116,8 +117,6 @@ def hosts_of(layout: dict[str, int]) -> list[str]:
     return [f"{t}{i}" for t, n in layout.items() for i in range(n)]
 
 
-def logs_of(hand: HandCluster) -> str:
-    return "\n".join(f"--- {role}\n{hand.log(role)[-3000:]}" for role in hand.procs)
 
 
 def assert_finished(model_dir: str, steps: int, context: str) -> list[dict]:
@@ -150,7 +149,7 @@ def run_lan_cluster(make_lan, tmp_path, strategy: str, layout: dict[str, int], *
         codes = hand.wait_all(timeout=TIMEOUT_S)
     finally:
         hand.kill_all()
-    logs = logs_of(hand)
+    logs = hand.logs()
     assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
     assert_finished(model_dir, STEPS, logs)
     # The tasks really talked over the LAN: the cluster they report names the namespace addresses.
@@ -174,19 +173,6 @@ def test_multi_worker_mirrored_across_two_hosts(make_lan, tmp_path):
     assert "strategy multi_worker_mirrored with 2 replica(s) in sync" in logs
 
 
-def _wait_for_step(hand: HandCluster, model_dir: str, step: int, timeout: float = TIMEOUT_S) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        train = clusterlib.train_records(model_dir)
-        if train and train[-1]["step"] >= step:
-            return time.time()
-        dead = {role: p.returncode for role, p in hand.procs.items() if p.poll() is not None}
-        if dead:
-            raise AssertionError(f"{dead} exited before step {step}\n{logs_of(hand)}")
-        time.sleep(0.1)
-    raise AssertionError(f"step {step} not reached within {timeout}s\n{logs_of(hand)}")
-
-
 @pytest.mark.cluster
 def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
     """worker:1's link goes down mid-run for PARTITION_S seconds; the run ends exactly at train_steps,
@@ -201,7 +187,7 @@ def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
                       per_task_args={t: ["--chief_gone_grace_s=30"] for t in ("ps", "worker")})
     try:
         hand.start_all()
-        cut_at = _wait_for_step(hand, model_dir, PARTITION_AT_STEP)
+        cut_at = hand.wait_for_train_step(model_dir, PARTITION_AT_STEP, TIMEOUT_S)
         lan.set_link("worker1", up=False)
         time.sleep(PARTITION_S)
         healed_at = time.time()
@@ -209,7 +195,7 @@ def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
         codes = hand.wait_all(timeout=TIMEOUT_S)
     finally:
         hand.kill_all()
-    logs = logs_of(hand)
+    logs = hand.logs()
     assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
     train = assert_finished(model_dir, PARTITION_STEPS, logs)
     before = [r for r in train if r["time"] <= cut_at]
@@ -225,3 +211,64 @@ def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
            else "the coordinator waited for the link (no failure detected)")
     print(f"\n[multihost] worker:1 cut off at step {before[-1]['step']} for {PARTITION_S}s; next record "
           f"{resumed['time'] - cut_at:.1f}s after the cut; {how}")
+
+
+STALL_TIMEOUT_S = 20
+
+
+@pytest.mark.cluster
+def test_parameter_server_watchdog_ends_a_stall_and_a_restart_resumes(make_lan, tmp_path):
+    """worker:1's link stays down past parameter_server.stall_timeout_s: the chief names worker:1, saves a
+    checkpoint and exits 200 (retryable) instead of waiting forever; chief and ps restarted (what a
+    restart policy does) resume from that checkpoint and end exactly at train_steps."""
+    layout = {"chief": 1, "worker": 2, "ps": 1}
+    lan = make_lan(hosts_of(layout))
+    model_dir = str(tmp_path / "model")
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    args = mnist_args("parameter_server", model_dir, PARTITION_STEPS, "--gin_bindings=train.log_every_n_steps=20",
+                      "--gin_bindings=train.checkpoint_every_n_steps=40",
+                      f"--gin_bindings=parameter_server.stall_timeout_s={STALL_TIMEOUT_S}")
+    hand = LanCluster(lan, layout, args, str(log_dir),
+                      per_task_args={t: ["--chief_gone_grace_s=120"] for t in ("ps", "worker")})
+    try:
+        hand.start_all()
+        hand.wait_for_train_step(model_dir, PARTITION_AT_STEP, TIMEOUT_S)
+        lan.set_link("worker1", up=False)
+        cut_at = time.time()
+        chief_code = hand.wait("chief:0", timeout=STALL_TIMEOUT_S + 120)
+        stalled_s = time.time() - cut_at
+        first_log = hand.log("chief:0")
+        lan.set_link("worker1", up=True)
+        # What the launcher's restart group for a failed chief does: chief and ps start again.
+        os.rename(log_dir / "chief-0.log", log_dir / "chief-0.first.log")
+        hand.procs["ps:0"].kill()
+        hand.procs["ps:0"].wait()
+        hand.start("ps", 0)
+        hand.start("chief", 0)
+        restarted_at = time.time()
+        codes = hand.wait_all(timeout=TIMEOUT_S)
+    finally:
+        hand.kill_all()
+    logs = hand.logs()
+    assert chief_code == 200, f"the stalled chief exited {chief_code}, want 200\n{first_log[-5000:]}"
+    # A save registers a function on every task, the silent one too, and would hang: the chief keeps
+    # the last periodic checkpoint instead, and says so.
+    found = re.search(rf"error: no scheduled step loop finished for {STALL_TIMEOUT_S}s; silent: worker:1 "
+                      rf"\(10\.231\.0\.\d+:{PORT}\).*; (no checkpoint was written \(a save must reach every "
+                      rf"worker\); the last checkpoint \(step \d+\) is kept); exiting with code 200 \(retryable\)", first_log)
+    assert found, first_log[-5000:]
+    assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
+    restored = [int(s) for s in re.findall(r"restored \S+ \(step (\d+)\)", hand.log("chief:0"))]
+    assert len(restored) == 1 and restored[0] > 0, f"the restarted chief did not resume: {restored}"
+    records = read_records(model_dir)
+    last_before = max(r["step"] for r in records if r["kind"] == "train" and r["time"] <= cut_at)
+    assert restored[0] >= last_before - 40, f"resumed from {restored[0]}, more than a checkpoint interval back"
+    train = [r for r in records if r["kind"] == "train" and r["time"] > restarted_at]
+    assert train and train[-1]["step"] == PARTITION_STEPS, train
+    latest = tf.train.latest_checkpoint(model_dir)
+    assert latest is not None and latest.endswith(f"ckpt-{PARTITION_STEPS}"), latest
+    print(f"\n[multihost] worker:1 partitioned at step {last_before}; the chief gave up after {stalled_s:.1f}s "
+          f"(stall_timeout_s={STALL_TIMEOUT_S}): {found.group(1)}; restarted chief resumed from step "
+          f"{restored[0]} (steps lost {max(0, last_before - restored[0])}); first record "
+          f"{train[0]['time'] - restarted_at:.1f}s after the restart")

@@ -29,18 +29,29 @@ flags.DEFINE_string("chief_host", None, "Classic cluster flags: host:port of the
 flags.DEFINE_string("evaluator_host", None, "Classic cluster flags: host:port of the evaluator.")
 flags.DEFINE_float("startup_timeout_s", 120.0, "How long to wait for peer tasks before naming those missing.")
 flags.DEFINE_float("chief_gone_grace_s", 60.0,
-                   "A serving task also exits 0 once the chief has been unreachable this long (0: never).")
+                   "A serving task gives up on a chief that has been unreachable this long without marking "
+                   "training done, and exits with the retryable code 201 (0: wait forever).")
 flags.DEFINE_float("evaluator_timeout_s", 3600.0, "The evaluator gives up after this long without a new checkpoint.")
 
 EXIT_CONFIG = 2   # the user's configuration or cluster is wrong
 EXIT_FAILED = 1   # training itself failed
 EXIT_PREEMPTED = 143  # SIGTERM, after a checkpoint: retryable under an ExitCode restart policy
-EXIT_PEER_LOST = 200  # a ps or peer worker died: retryable (128-255) under an ExitCode restart policy
+EXIT_PEER_LOST = 200  # a ps or peer worker died, or the chief's watchdog saw workers go silent: retryable
+EXIT_CHIEF_LOST = 201  # a serving ps/worker gave up on a vanished chief: retryable (128-255)
 
 
-def _fail(role: str, message: str, code: int) -> None:
+def _fail(role: str, message: str, code: int, *, hard: bool = False) -> None:
+    """Ends the task with one sentence and `code`.
+
+    `hard` skips interpreter shutdown: after a stall, TF threads blocked on a
+    silent peer would keep the process from ever exiting.
+    """
     logging.error("%s", message)
     print(f"[{role}] error: {message}", file=sys.stderr, flush=True)
+    if hard:
+        logging.flush()
+        sys.stdout.flush()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -60,8 +71,18 @@ def main(argv: list[str]) -> None:
         set_role(role)
         if not FLAGS.model_dir:
             raise cluster_lib.ClusterConfigError("--model_dir is required; every task of a job needs the same one.")
-        if os.path.exists(FLAGS.model_dir) and not os.path.isdir(FLAGS.model_dir):
-            raise cluster_lib.ClusterConfigError(f"--model_dir {FLAGS.model_dir} is a file, not a directory; pick another path.")
+        if FLAGS.model_dir.startswith("ram://") and not cluster.is_local:
+            raise cluster_lib.ClusterConfigError(
+                f"--model_dir {FLAGS.model_dir} is in-memory and private to one process, but the tasks of a "
+                f"cluster must share it; use a path every task sees, or gs://, s3:// or file://.")
+        from tfdist_trainer import storage  # model_dir may be any URI tf.io.gfile knows (gs://, s3://, file://)
+        try:
+            if storage.exists(FLAGS.model_dir) and not storage.isdir(FLAGS.model_dir):
+                raise cluster_lib.ClusterConfigError(
+                    f"--model_dir {FLAGS.model_dir} is a file, not a directory; pick another path.")
+        except storage.StorageError as e:
+            raise cluster_lib.ClusterConfigError(f"--model_dir {FLAGS.model_dir} cannot be used ({e}); "
+                                                 f"pick another path.") from None
         from tfdist_trainer.config import load_experiment
         experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
         strategy_config = experiment.strategy_config
@@ -89,9 +110,9 @@ def main(argv: list[str]) -> None:
     else:
         os.environ.pop("TF_CONFIG", None)
     try:
-        os.makedirs(FLAGS.model_dir, mode=0o700, exist_ok=True)  # user-only: logs, config, weights
+        storage.makedirs(FLAGS.model_dir, private=True)  # a local one is user-only: logs, config, weights
     except OSError as e:  # e.g. a file by that name, or no permission: one sentence, not a traceback
-        _fail(role, f"--model_dir {FLAGS.model_dir} cannot be used as a directory ({e.strerror}); "
+        _fail(role, f"--model_dir {FLAGS.model_dir} cannot be used as a directory ({e.strerror or e}); "
                     f"pick another path.", EXIT_CONFIG)
     logging.info("%s as %s under %s", action.value, role, strategy_config.name)
 
@@ -107,6 +128,13 @@ def main(argv: list[str]) -> None:
         _fail(role, str(e), EXIT_FAILED)
     except runner.Preempted as e:
         _fail(role, str(e), EXIT_PREEMPTED)
+    except runner.ChiefLost as e:
+        _fail(role, f"{e}; exiting with code {EXIT_CHIEF_LOST} (retryable) so that a restart policy brings "
+                    f"this task back for the restarted chief.", EXIT_CHIEF_LOST)
+    except runner.ClusterStalledError as e:
+        _fail(role, f"{e}; exiting with code {EXIT_PEER_LOST} (retryable): a restart policy (OnFailure or "
+                    f"ExitCode) restarts the chief, which resumes from that checkpoint once the workers "
+                    f"answer again.", EXIT_PEER_LOST, hard=True)
     except runner.PEER_LOST_ERRORS as e:
         first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]
         _fail(role, f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "

@@ -36,6 +36,8 @@ import time
 
 from absl import app, flags
 
+from tfdist_trainer import storage
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_integer("num_workers", 2, "Worker tasks (parameter_server, multi_worker_mirrored).")
@@ -187,11 +189,12 @@ class LocalCluster:
         self.restart_backoff_s = restart_backoff_s
         self.restarts = 0
         self._readers: list[threading.Thread] = []
+        self._logs: dict[str, storage.LogCopy] = {}  # one per task, kept open across its restarts
         self._print_lock = threading.Lock()
         self._started_at: dict[str, float] = {}
 
     def start(self) -> None:
-        make_private_dir(self.log_dir)
+        storage.make_private_dir(self.log_dir)
         for task in self.tasks:
             self._spawn(task)
 
@@ -204,7 +207,9 @@ class LocalCluster:
         env.setdefault("GRPC_FAIL_FAST", "use_caller")
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ info lines drown the roles' progress
-        task.log_path = os.path.join(self.log_dir, f"{task.task_type}-{task.index}.log")
+        task.log_path = storage.join(self.log_dir, f"{task.task_type}-{task.index}.log")
+        if task.role not in self._logs:
+            self._logs[task.role] = storage.LogCopy(task.log_path)
         task.returncode = None
         task.process = subprocess.Popen(
             [sys.executable, "-m", "tfdist_trainer.cli", *self.train_args], env=env,
@@ -220,22 +225,39 @@ class LocalCluster:
     def _pump(self, task: LocalTask, process: subprocess.Popen) -> None:
         # A lone process calls itself 'local'; a cluster task already prints its own role.
         own_prefixes = (f"[{task.role}]", "[local]")
-        with os.fdopen(os.open(task.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            os.chmod(task.log_path, 0o600)
-            for raw in iter(process.stdout.readline, b""):
-                log.write(raw)
-                log.flush()
-                line = raw.decode(errors="replace").rstrip("\n")
-                if not line.startswith(own_prefixes):
-                    line = f"[{task.role}] {line}"
-                with self._print_lock:
-                    print(line, flush=True)
+        log = self._logs[task.role]
+        for raw in iter(process.stdout.readline, b""):
+            if log is not None:
+                try:
+                    log.write(raw)
+                except Exception as e:  # noqa: BLE001  (the task's output must keep flowing: never block its pipe)
+                    _say(f"cannot write {task.log_path} ({type(e).__name__}: {str(e).strip()[:200]}); "
+                         f"{task.role}'s output goes on here only")
+                    log = None
+            line = raw.decode(errors="replace").rstrip("\n")
+            if not line.startswith(own_prefixes):
+                line = f"[{task.role}] {line}"
+            with self._print_lock:
+                print(line, flush=True)
 
     def _failed(self, task: LocalTask, code: int) -> int | None:
-        """Restarts the failed task's group when the policy allows; else returns the job's exit code."""
+        """Restarts the failed task's group when the policy allows, or goes on without a task the
+        strategy can lose (a parameter_server worker); else returns the job's exit code."""
         if not self.policy.retries(code) or self.restarts >= self.policy.backoff_limit:
             why = (f"the {self.policy.name} policy does not retry it" if not self.policy.retries(code)
                    else f"the backoff limit of {self.policy.backoff_limit} restarts is reached")
+            if self.strategy_config is not None and self.strategy_config.survives_loss_of(task.task_type):
+                peers = [t for t in self.tasks if t.task_type == task.task_type]
+                alive = [t for t in peers if t.returncode is None and t.process.poll() is None]
+                if alive:
+                    _say(f"{task.role} exited with code {code} and is not restarted ({why}); the job goes on "
+                         f"with {len(alive)} of {len(peers)} {task.task_type}s, which take over its work "
+                         f"(its log: {task.log_path})")
+                    return None
+                _say(f"{task.role} exited with code {code} and was the last {task.task_type} left; stopping "
+                     f"the cluster because no {task.task_type} can run the job's steps ({why}; its log: "
+                     f"{task.log_path})")
+                return code
             _say(f"{task.role} exited with code {code}; stopping the cluster because {why} "
                  f"(its log: {task.log_path})")
             return code
@@ -297,22 +319,32 @@ class LocalCluster:
                 _signal_group(task.process, signal.SIGKILL)
                 task.process.wait()
 
-    def stop(self) -> None:
-        """Stops the drivers first (a chief saves on SIGTERM while its ps still serve), then the servers."""
+    def stop(self, settle_s: float = 0.0) -> None:
+        """Stops the drivers first (a chief saves on SIGTERM while its ps still serve), then the servers.
+
+        After a job that succeeded, the servers first get up to `settle_s` to
+        exit by themselves: they exit 0 about a second after the chief writes
+        its done marker in model_dir, as they do on a real cluster.
+        """
         self._terminate([t for t in self.tasks if t.drives], self.grace_s)
-        self._terminate([t for t in self.tasks if not t.drives], self.grace_s)
+        servers = [t for t in self.tasks if not t.drives]
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline and any(t.process is not None and t.process.poll() is None
+                                                  for t in servers):
+            time.sleep(0.1)
+        for task in servers:
+            if task.process is not None and task.returncode is None and task.process.poll() is not None:
+                task.returncode = task.process.returncode
+                _say(f"{task.role} finished" if task.returncode == 0
+                     else f"{task.role} exited with code {exit_code(task.returncode)}")
+        self._terminate(servers, self.grace_s)
         for reader in self._readers:
             reader.join(timeout=5)
-
-
-def make_private_dir(path: str) -> None:
-    """Creates `path` (and missing parents) readable by this user only; tightens it if it exists.
-
-    Logs may hold paths, hostnames and anything a Trainer prints: other users
-    of the machine have no business reading them.
-    """
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
+        for log in self._logs.values():
+            try:
+                log.close()  # on an object store, the final upload
+            except Exception as e:  # noqa: BLE001
+                _say(f"cannot write {log.path} ({type(e).__name__}: {str(e).strip()[:200]})")
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
@@ -493,17 +525,19 @@ def main(argv: list[str]) -> None:
         tasks, cluster = plan_tasks(experiment.strategy_config, num_workers=FLAGS.num_workers,
                                     num_ps=FLAGS.num_ps, evaluator=FLAGS.evaluator, host=FLAGS.host)
         try:  # a file by that name, or no permission: one sentence here, not a traceback from start()
-            if not os.path.isdir(settings.model_dir):
-                make_private_dir(settings.model_dir)  # a model_dir we create is this user's only
-            make_private_dir(os.path.join(settings.model_dir, "logs"))
+            if settings.model_dir.startswith("ram://"):
+                raise ConfigError(f"--model_dir {settings.model_dir} is in-memory and private to one process, "
+                                  f"but tfdist-launch runs each task in its own; use a path, file://, gs:// or s3://.")
+            storage.makedirs(settings.model_dir, private=True)  # a model_dir we create is this user's only
+            storage.make_private_dir(storage.join(settings.model_dir, "logs"))  # logs: user-only, even if it exists
         except OSError as e:
-            raise ConfigError(f"--model_dir {settings.model_dir} cannot be used as a directory ({e.strerror}); "
+            raise ConfigError(f"--model_dir {settings.model_dir} cannot be used as a directory ({e.strerror or e}); "
                               f"pick another path.") from None
     except (ConfigError, ClusterConfigError, ValueError) as e:
         print(f"[launch] error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
 
-    local = LocalCluster(tasks, cluster, train_args, os.path.join(settings.model_dir, "logs"), grace_s=FLAGS.grace_s,
+    local = LocalCluster(tasks, cluster, train_args, storage.join(settings.model_dir, "logs"), grace_s=FLAGS.grace_s,
                          strategy_config=experiment.strategy_config, policy=policy,
                          restart_backoff_s=FLAGS.restart_backoff_s)
     signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -519,7 +553,7 @@ def main(argv: list[str]) -> None:
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        local.stop()
+        local.stop(settle_s=FLAGS.grace_s if code == 0 else 0.0)
     _say(f"job {'succeeded' if code == 0 else f'failed with exit code {code}'}")
     sys.exit(code)
 

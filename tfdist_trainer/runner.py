@@ -9,10 +9,12 @@ checkpoints and evaluation until the global step reaches ``train_steps``.
 from __future__ import annotations
 
 import hashlib
-import os
+import json
 import signal
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +27,8 @@ from tfdist_trainer import data as data_lib
 from tfdist_trainer import hooks as hooks_lib
 from tfdist_trainer import layers
 from tfdist_trainer import loops
+from tfdist_trainer import storage
+from tfdist_trainer import watchdog
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import CHIEF, WORKER, ClusterConfig, is_listening
 from tfdist_trainer.hooks import NonFiniteLossError  # noqa: F401  (re-exported for the CLI)
@@ -41,6 +45,13 @@ PEER_LOST_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.error
 
 class Preempted(Exception):
     """SIGTERM arrived; a checkpoint was saved and the task should exit so it can be restarted."""
+
+
+class ChiefLost(Exception):
+    """A serving task saw the chief vanish before it marked training done (retryable)."""
+
+
+ClusterStalledError = watchdog.ClusterStalledError  # re-exported for the CLI
 
 
 @gin.configurable("train")
@@ -199,7 +210,7 @@ class RunContext:
         self.global_step = global_step
         self.checkpointer = checkpointer
         self.evaluator = evaluator
-        self.record = MetricsRecord(os.path.join(model_dir, "metrics.jsonl"), enabled=cluster.is_chief)
+        self.record = MetricsRecord(storage.join(model_dir, "metrics.jsonl"), enabled=cluster.is_chief)
         self.summaries = Summaries(model_dir, enabled=cluster.is_chief)
         self.tags = trainer_tags(trainer)
         self.target_step = experiment.train_steps
@@ -310,16 +321,49 @@ def _write_run_config(run: RunContext) -> None:
         return
     command = " ".join(sys.argv)
     config = gin.config_str()
-    with open(os.path.join(run.model_dir, "config.gin"), "w") as f:
-        f.write(f"# command: {command}\n{config}")
+    storage.write_text(storage.join(run.model_dir, "config.gin"), f"# command: {command}\n{config}")
     run.summaries.text("train", "config", f"command: `{command}`\n\n```\n{config}\n```")
 
 
 def _write_operative_config(run: RunContext) -> None:
     """After training, gin knows which bindings were really used: save those too."""
     if run.cluster.is_chief:
-        with open(os.path.join(run.model_dir, "operative_config.gin"), "w") as f:
-            f.write(gin.operative_config_str())
+        storage.write_text(storage.join(run.model_dir, "operative_config.gin"), gin.operative_config_str())
+
+
+#: The longest a chief waits for its last checkpoint after the watchdog fired.
+STALL_SAVE_TIMEOUT_S = 60.0
+
+
+def _save_after_stall(run: RunContext, stalled: watchdog.ClusterStalledError, timeout_s: float) -> str:
+    """Saves what the finished closures counted when the cluster lets it; says what was kept.
+
+    A save under parameter_server traces a new function, and TF registers every
+    new function on every task of the cluster, holding the GIL until each has
+    answered: with a silent worker the save would hang the chief for good. So
+    no save is tried then, and the restarted chief resumes from the last
+    periodic checkpoint. Otherwise the save runs in a thread the chief stops
+    waiting for after `timeout_s`; a save cut short leaves a ``*_temp``
+    directory that the next start removes.
+    """
+    run.refresh_step()
+    kept = run.checkpointer.latest_step()
+    kept_text = f"the last checkpoint (step {kept}) is kept" if kept is not None else "no checkpoint exists yet"
+    if stalled.silent:
+        return f"no checkpoint was written (a save must reach every worker); {kept_text}"
+    outcome: list[str] = []
+
+    def save():
+        try:
+            run.checkpointer.save(run.step)
+            outcome.append(f"saved a checkpoint at step {run.step}")
+        except (tf.errors.OpError, OSError) as e:
+            outcome.append(f"no checkpoint could be written ({type(e).__name__}); {kept_text}")
+
+    saver = threading.Thread(target=save, name="tfdist-stall-save", daemon=True)
+    saver.start()
+    saver.join(timeout_s)
+    return outcome[0] if outcome else f"no checkpoint could be written within {timeout_s:g}s; {kept_text}"
 
 
 def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> dict[str, Any]:
@@ -365,7 +409,9 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     else:
         loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, steps_per_loop,
                                         jit_compile=experiment.jit_compile, step_fn=config.train_step_fn(trainer),
-                                        num_workers=cluster.num_tasks(WORKER))
+                                        num_workers=cluster.num_tasks(WORKER),
+                                        stall_timeout_s=config.stall_timeout_s,
+                                        worker_addresses=[t.address for t in cluster.tasks((WORKER,))])
     run = RunContext(experiment=experiment, cluster=cluster, model_dir=model_dir, strategy=strategy,
                      trainer=trainer, global_step=global_step, checkpointer=checkpointer,
                      evaluator=loops.EvalLoop(trainer, strategy, distributed=coordinator is None),
@@ -380,7 +426,11 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
         hook.begin(run)
     try:
         while run.step < run.target_step:
-            result = loop.train(run.next_loop_end(hooks) - run.step)
+            try:
+                result = loop.train(run.next_loop_end(hooks) - run.step)
+            except watchdog.ClusterStalledError as stalled:
+                saved = _save_after_stall(run, stalled, min(STALL_SAVE_TIMEOUT_S, config.stall_timeout_s))
+                raise watchdog.ClusterStalledError(f"{stalled}; {saved}", stalled.silent) from None
             run.refresh_step()
             for hook in hooks:
                 hook.after_loop(run, result)
@@ -403,14 +453,15 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
 # -- serving (ps and workers under parameter_server) ---------------------------
 
 def serve(cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, poll_s: float = 1.0) -> None:
-    """Runs this task's TF server until the job is over, then returns (exit 0).
+    """Runs this task's TF server until the chief marks training done in model_dir, then returns (exit 0).
 
-    The job is over when the chief marks training done in model_dir, or when
-    the chief has been unreachable for `chief_gone_grace_s` (0: never; a
-    restarted chief comes back well within the default). Without this, ps and
-    worker processes started by hand would outlive the job forever.
+    A chief that has been unreachable for `chief_gone_grace_s` (0: wait
+    forever; a restarted chief comes back well within the default) raises
+    ChiefLost: the job did not finish, so the task exits with a retryable code
+    rather than 0, and Kubernetes or a launcher restarts it. Without this, ps
+    and worker processes started by hand would outlive the job forever.
     """
-    started = time.time()
+    stale = _done_run_id(model_dir)  # a marker already there is an older run's
     server = tf.distribute.Server(
         tf.train.ClusterSpec(cluster.training_cluster()), job_name=cluster.task_type,
         task_index=cluster.task_id, protocol=cluster.rpc_layer, start=True)
@@ -424,14 +475,14 @@ def serve(cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, 
             if not seen:
                 logging.info("chief %s is up", chief.address)
             seen, gone_since = True, None
-        if seen and _done_since(model_dir, started):
+        if seen and _done_since(model_dir, stale):
             logging.info("the chief marked training done: exiting")
             return
         if not up and seen:
             gone_since = gone_since or now
             if chief_gone_grace_s > 0 and now - gone_since >= chief_gone_grace_s:
-                logging.info("chief has been gone for %.0fs: the job is over, exiting", now - gone_since)
-                return
+                raise ChiefLost(f"the chief at {chief.address} has been unreachable for {now - gone_since:.0f}s "
+                                f"(--chief_gone_grace_s={chief_gone_grace_s:g}) and never marked training done")
         elif not up and now - last_note > 30:
             logging.info("waiting for the chief at %s", chief.address)
             last_note = now
@@ -451,7 +502,7 @@ def run_evaluator(experiment: Experiment, model_dir: str, *, timeout_s: float) -
     evaluator = loops.EvalLoop(trainer, None, distributed=False)
     if not evaluator.enabled:
         raise ValueError(f"{type(trainer).__name__}.build_eval_dataset returned None; the evaluator has nothing to do.")
-    record = MetricsRecord(os.path.join(model_dir, "eval", "metrics.jsonl"))
+    record = MetricsRecord(storage.join(model_dir, "eval", "metrics.jsonl"))
     summaries = Summaries(model_dir, enabled=True)
     tags = trainer_tags(trainer)
     values: dict[str, float] = {}
@@ -484,28 +535,49 @@ DONE_FILE = "training_done"
 
 
 def _mark_done(model_dir: str, step: int | None) -> None:
-    """The chief tells side-cars that no checkpoint after `step` will come (None: training restarts)."""
-    path = os.path.join(model_dir, DONE_FILE)
+    """The chief tells side-cars that no checkpoint after `step` will come (None: training restarts).
+
+    The marker holds a fresh run id and the step, as JSON: serving tasks tell
+    a new marker from an older run's by the id, never by comparing the file's
+    time with their own clock (object stores have no reliable mtime, and hosts'
+    clocks differ).
+    """
+    path = storage.join(model_dir, DONE_FILE)
     if step is None:
-        if os.path.exists(path):
-            os.remove(path)
+        storage.remove(path)
         return
-    with open(path + ".tmp", "w") as f:
-        f.write(str(step))
-    os.replace(path + ".tmp", path)
+    storage.write_text(path, json.dumps({"run_id": uuid.uuid4().hex, "step": int(step)}) + "\n")
 
 
-def _done_since(model_dir: str, since: float) -> bool:
-    """Whether the chief marked training done after `since` (a marker from an older run does not count)."""
+def _read_marker(model_dir: str) -> dict | None:
+    """The done marker as {"run_id", "step"}, or None when there is none (or it cannot be read)."""
     try:
-        return os.path.getmtime(os.path.join(model_dir, DONE_FILE)) >= since
-    except OSError:
-        return False
+        text = storage.read_text(storage.join(model_dir, DONE_FILE))
+    except tf.errors.OpError:
+        return None
+    if text is None:
+        return None
+    try:
+        marker = json.loads(text)
+        if isinstance(marker, int):  # an older version wrote the bare step: an old run by definition
+            return {"run_id": "", "step": marker}
+        return {"run_id": str(marker["run_id"]), "step": int(marker["step"])}
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _done_run_id(model_dir: str) -> str | None:
+    marker = _read_marker(model_dir)
+    return marker["run_id"] if marker else None
+
+
+def _done_since(model_dir: str, stale: str | None) -> bool:
+    """Whether the chief marked training done, other than in `stale` (the run id seen at start: an older run)."""
+    run_id = _done_run_id(model_dir)
+    return run_id is not None and run_id != stale
 
 
 def _read_done(model_dir: str) -> int | None:
-    try:
-        with open(os.path.join(model_dir, DONE_FILE)) as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
+    """The step at which the chief marked training done, or None."""
+    marker = _read_marker(model_dir)
+    return marker["step"] if marker else None
