@@ -4,8 +4,8 @@ The strategy decides the replica types exactly as for a local launch; every
 pod runs the same `tfdist-train` command; the indexed flavor's TF_CONFIG,
 once Kubernetes has expanded $(TASK_INDEX), is a cluster that tfdist-train
 accepts and whose own address is the pod's DNS name; the NetworkPolicy admits
-only pods of the same job. The YAML comes from a small emitter in
-tfdist_trainer.k8s and is read back with PyYAML (a dev dependency only).
+only pods of the same job. The YAML is written with PyYAML (a runtime
+dependency of the package) and read back with it.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tomllib
 import uuid
 
 import pytest
+import yaml
 
 import clusterlib
 from clusterlib import FAST_MNIST, REPO, launch_cmd, strategy_gin
 from tfdist_trainer import cluster as cluster_lib
 from tfdist_trainer import k8s, strategies
-
-yaml = pytest.importorskip("yaml", reason="PyYAML (the 'dev' extra) reads the manifests back")
 
 TRAIN_ARGS = ["--gin_file=configs/mnist.gin", "--gin_file=configs/strategies/parameter_server.gin",
               "--gin_bindings=MnistTrainer.filters=(8, 16)", "--model_dir=gs://bucket/run1"]
@@ -247,14 +247,15 @@ def test_dns_label():
     assert len(k8s.dns_label("x" * 100)) == 40
 
 
-# -- the YAML emitter -----------------------------------------------------------------------
+# -- the YAML ------------------------------------------------------------------------------
 
 def test_yaml_emitter_keeps_every_value_as_it_was():
     tricky = {
         "strings": ["yes", "no", "on", "off", "y", "n", "true", "False", "null", "~", "2", "0x1F", "1e3", "4Gi",
                     "1:20", ".inf", "-", "- x", "a: b", "#comment", "x #y", "'q'", '"dq"', "back\\slash",
                     "line\nbreak", "tab\there", "", " lead", "trail ", "ünïcode", "$(TASK_INDEX)", "{a: 1}", "[1]",
-                    "--gin_bindings=MnistTrainer.filters=(8, 16)", "*ref", "&anchor", "!tag", "%dir", "@at", "`bt`"],
+                    "--gin_bindings=MnistTrainer.filters=(8, 16)", "*ref", "&anchor", "!tag", "%dir", "@at", "`bt`",
+                    "Y", "N", "0o17", "1_000", "+1", ".5", "-2.5e-3", "0b101", "2024-01-02"],
         "numbers": [0, -1, 2 ** 40, 1.5, -0.25],
         "booleans": [True, False],
         "nothing": None,
@@ -262,18 +263,33 @@ def test_yaml_emitter_keeps_every_value_as_it_was():
         "nested": [[1, "a"], [{"k": [{}]}], {"deep": {"deeper": ["x"]}}],
         "odd keys": {"yes": 1, "a b": 2, "nvidia.com/gpu": 3, "2": 4, "": 5},
     }
-    documents = [tricky, {"apiVersion": "v1", "kind": "List"}]
-    assert list(yaml.safe_load_all(k8s.to_yaml(documents))) == documents
+    shared = {"labels": {"app": "x"}, "codes": [1, 2, 127]}
+    documents = [tricky, {"apiVersion": "v1", "kind": "List"}, {"a": shared, "b": shared}]
+    text = k8s.to_yaml(documents)
+    assert list(yaml.safe_load_all(text)) == documents
+    assert text.startswith("---\n") and text.count("\n---\n") == len(documents) - 1, text
+    assert not any(getattr(e, "anchor", None) for e in yaml.parse(text)), "an object used twice is written twice"
+    assert "codes: [1, 2, 127]" in text
 
 
-def test_emitter_needs_no_pyyaml():
-    code = ("import sys; sys.modules['yaml'] = None\n"
-            "from tfdist_trainer import k8s, strategies\n"
-            "print(k8s.to_yaml(k8s.manifests(strategy_config=strategies.OneDevice(), name='x', image='i', "
-            "train_args=['--model_dir=gs://b/x']))[:20])")
-    r = subprocess.run([clusterlib.PYTHON, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env=clusterlib.base_env(), timeout=60)
-    assert r.returncode == 0 and r.stdout.startswith("---\napiVersion"), r.stdout + r.stderr
+def test_yaml_quotes_what_kubernetes_reads_as_another_type():
+    """kubectl's Go parser (goyaml.v2) reads y/n as booleans and 1e3, 0o17 as numbers; PyYAML's reader does not,
+    so the round trip above cannot see these: they must not be written as plain scalars."""
+    risky = ["y", "Y", "n", "N", "yes", "on", "off", "true", "null", "1e3", "0o17", "1_000", "+1", ".5", "2", "4Gi",
+             "0x1F", "1:20", "2024-01-02"]
+    text = k8s.to_yaml([{"value": word} for word in risky])
+    scalars = {e.value: e.style for e in yaml.parse(text) if isinstance(e, yaml.ScalarEvent) and e.value != "value"}
+    assert scalars.keys() == set(risky)
+    assert [w for w, style in scalars.items() if style not in ("'", '"')] == [], text
+
+
+def test_pyyaml_is_a_runtime_dependency():
+    """k8s.to_yaml writes the manifests with PyYAML, so an installed `tfdist-launch --emit=k8s` needs it:
+    it must be in [project] dependencies, not only in the dev extra."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    assert any(d.lower().replace(" ", "").startswith("pyyaml>=6") for d in dependencies), dependencies
+    assert k8s.yaml is yaml
 
 
 # -- the command line --------------------------------------------------------------------------

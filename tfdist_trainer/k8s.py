@@ -26,9 +26,9 @@ Both add a NetworkPolicy that admits traffic to the job's pods only from
 pods of the same job, on the gRPC port: TensorFlow's servers have no
 authentication (see BUILD.md, Security).
 
-The output is YAML written by a small emitter (block style; every string
-but a plain word double-quoted, so nothing is read as a number or a boolean;
-no PyYAML needed at run time), or JSON (a ``v1 List``).
+The output is YAML written by PyYAML (a runtime dependency: block style, keys
+in the order built, no anchors; a string that PyYAML or Kubernetes' Go parser
+would read as a number or a boolean is quoted), or JSON (a ``v1 List``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import yaml
 
 from tfdist_trainer.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterConfig, ClusterConfigError
 
@@ -330,77 +332,37 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
 
 # -- output ----------------------------------------------------------------------------
 
-_PLAIN = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]*$")
-# Words YAML 1.1 (PyYAML, kubectl's parser) would read as booleans or null.
-_RESERVED = {"true", "false", "yes", "no", "on", "off", "y", "n", "null"}
+class _ManifestDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, for manifests that kubectl reads back as they were written.
+
+    No anchors or aliases (an object used twice is written twice), and a list of
+    integers (the exit codes) on one line. PyYAML quotes a string only when its own
+    YAML 1.1 reader would take it for something else; kubectl's Go parser (goyaml.v2,
+    YAML 1.1 and 1.2) also reads ``y``/``n`` as booleans and ``1e3`` or ``0o17`` as
+    numbers, so every ``y``/``n`` and every string that starts like a number is quoted.
+    """
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
-def _plain_ok(text: str) -> bool:
-    return bool(_PLAIN.match(text)) and text.lower() not in _RESERVED
+def _represent_list(dumper: _ManifestDumper, value: Sequence[Any]) -> yaml.SequenceNode:
+    ints = bool(value) and all(type(v) is int for v in value)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=True if ints else None)
 
 
-def _scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"cannot write {value!r} to a manifest.")
-        return json.dumps(value)
-    if isinstance(value, str):
-        # Anything but a plain word is double-quoted: a JSON string is a valid YAML double-quoted
-        # scalar, so '2', '4Gi', 'yes' or a TF_CONFIG stay strings and escapes survive.
-        return value if _plain_ok(value) else json.dumps(value)
-    raise TypeError(f"cannot write a {type(value).__name__} to a manifest.")
-
-
-def _inline(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return "{}" if not value else None
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return "[]"
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return "[" + ", ".join(str(v) for v in value) + "]"   # e.g. exit codes
-        return None
-    return _scalar(value)
-
-
-def _key(key: Any) -> str:
-    if not isinstance(key, str):
-        raise TypeError(f"manifest keys must be strings, got {key!r}.")
-    return key if _plain_ok(key) else json.dumps(key)
-
-
-def _lines(value: Any, indent: int) -> list[str]:
-    pad = " " * indent
-    out: list[str] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            inline = _inline(item)
-            if inline is not None:
-                out.append(f"{pad}{_key(key)}: {inline}")
-            else:
-                out.append(f"{pad}{_key(key)}:")
-                out.extend(_lines(item, indent + 2))
-        return out
-    for item in value:
-        inline = _inline(item)
-        if inline is not None:
-            out.append(f"{pad}- {inline}")
-        else:
-            nested = _lines(item, indent + 2)
-            out.append(f"{pad}- {nested[0][indent + 2:]}")
-            out.extend(nested[1:])
-    return out
+_ManifestDumper.add_representer(list, _represent_list)
+_ManifestDumper.add_representer(tuple, _represent_list)
+# Resolvers of a dumper decide quoting only: a plain scalar they would not read as a str gets quoted.
+_ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^[yYnN]$"), list("yYnN"))
+_ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?\.?[0-9]"),
+                                      list("-+.0123456789"))
 
 
 def to_yaml(documents: Sequence[Mapping[str, Any]]) -> str:
-    """Block-style YAML, one document per object, separated by '---'."""
-    return "".join("---\n" + "\n".join(_lines(dict(doc), 0)) + "\n" for doc in documents)
+    """Block-style YAML, one document per object, each starting with '---'."""
+    return yaml.dump_all([dict(doc) for doc in documents], Dumper=_ManifestDumper, explicit_start=True,
+                         default_flow_style=False, sort_keys=False, width=1 << 30)
 
 
 def to_json(documents: Sequence[Mapping[str, Any]]) -> str:
