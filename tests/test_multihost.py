@@ -2,7 +2,7 @@
 
 Each task runs in its own network namespace ("host") with its own address on
 10.231.0.0/24; the namespaces are joined by veth pairs to a bridge in a
-"switch" namespace (tfdist_trainer.netns.VirtualLan). Every task listens on
+"switch" namespace (tests/netlab.py, VirtualLan). Every task listens on
 the same port, 2222, as on real machines, and the tasks find each other only
 by those addresses. The model_dir is shared through the filesystem, as an NFS
 mount or a bucket would be. Nothing of the LAN is visible from the host's
@@ -44,6 +44,7 @@ import tensorflow as tf
 
 import clusterlib
 from clusterlib import FAST_MNIST, REPO, HandCluster, read_records, strategy_gin
+from netlab import VirtualLan
 from tfdist_trainer import netns
 
 PORT = 2222
@@ -68,10 +69,10 @@ def make_lan():
     if reason:
         pytest.skip(f"multi-host tests need network namespaces: {reason}")
     netns.sweep_stale()
-    made: list[netns.VirtualLan] = []
+    made: list[VirtualLan] = []
 
-    def make(hosts: list[str]) -> netns.VirtualLan:
-        lan = netns.VirtualLan(hosts, tag="mh")
+    def make(hosts: list[str]) -> VirtualLan:
+        lan = VirtualLan(hosts, tag="mh")
         made.append(lan)
         return lan.create()
 
@@ -88,7 +89,7 @@ def make_lan():
 class LanCluster(HandCluster):
     """One `ip netns exec <host> python -m tfdist_trainer.cli ...` per task, each on its own host."""
 
-    def __init__(self, lan: netns.VirtualLan, layout: dict[str, int], train_args, log_dir, **kwargs):
+    def __init__(self, lan: VirtualLan, layout: dict[str, int], train_args, log_dir, **kwargs):
         self.lan = lan
         self.host_of = {f"{t}:{i}": f"{t}{i}" for t, n in layout.items() for i in range(n)}
         cluster = {t: [f"{lan.address(f'{t}{i}')}:{PORT}" for i in range(n)] for t, n in layout.items()}

@@ -31,6 +31,7 @@ import pytest
 
 import clusterlib
 from clusterlib import FAST_MNIST, REPO, launch_cmd, read_records, strategy_gin
+from netlab import VirtualLan, connect, connect_in_netns_of
 from tfdist_trainer import netns
 
 STEPS = 150
@@ -72,7 +73,7 @@ class Launch(clusterlib.BackgroundJob):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             tasks = {role: (int(pid), int(port)) for role, pid, port in _STARTED.findall(self.output())}
-            if len(tasks) >= count and all(netns.connect_in_netns_of(pid, "127.0.0.1", port, timeout=0.5) == 0
+            if len(tasks) >= count and all(connect_in_netns_of(pid, "127.0.0.1", port, timeout=0.5) == 0
                                            for pid, port in tasks.values()):
                 return tasks
             if self.proc.poll() is not None:
@@ -93,10 +94,10 @@ def assert_unreachable_from_host(tasks: dict[str, tuple[int, int]], output: str,
         assert netns.netns_inode(pid) != netns.netns_inode(), f"{role} runs in the host's network namespace"
         deadline = time.monotonic() + within_s
         while True:
-            from_host = netns.connect("127.0.0.1", port, timeout=1.0)
+            from_host = connect("127.0.0.1", port, timeout=1.0)
             assert from_host != 0, f"{role}'s port {port} is reachable from the host's namespace:\n{output[-4000:]}"
             assert from_host == errno.ECONNREFUSED, errno.errorcode.get(from_host, from_host)
-            inside = netns.connect_in_netns_of(pid, "127.0.0.1", port, timeout=1.0)
+            inside = connect_in_netns_of(pid, "127.0.0.1", port, timeout=1.0)
             if inside == 0:
                 break
             assert time.monotonic() < deadline, f"{role} does not listen inside its namespace: " \
@@ -234,7 +235,7 @@ def test_virtual_lan_stays_inside_its_namespaces():
     if reason:
         pytest.skip(reason)
     before = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.count("\n")
-    with netns.VirtualLan(["a", "b"], tag="unit") as lan:
+    with VirtualLan(["a", "b"], tag="unit") as lan:
         assert lan.address("b") == "10.231.0.2"
         host_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
         assert "10.231.0." not in host_addrs
