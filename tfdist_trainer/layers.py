@@ -17,7 +17,7 @@ Placement:
 - parameter_server: each shard goes to one ps task, chosen by a greedy
   bytes-balancer that knows what is already on each ps (the shards of every
   sharded layer built so far, and every variable created inside
-  `placement_scope()`). `ParameterServerStrategy` ignores `tf.device` when it
+  `record_all_variables()`). `ParameterServerStrategy` ignores `tf.device` when it
   creates a variable (its round-robin sets the device itself), so the layer
   uses the supported way to choose: `strategy.extended.colocate_vars_with(v)`
   with one tiny untracked anchor variable per ps task.
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import threading
 import weakref
 from collections.abc import Sequence
@@ -55,10 +54,13 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-# SaveableObject/SaveSpec: the checkpoint API TF's own ShardedVariable uses to save slices of one tensor.
-from tensorflow.python.training.saving import saveable_object
 
-from tfdist_trainer import storage
+from tfdist_trainer import tf_compat
+from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
+
+# SaveableObject/SaveSpec: the checkpoint API TF's own ShardedVariable uses to save slices of one tensor.
+_SaveableObject, _SaveSpec = tf_compat.saveable_classes()
+_Trackable = tf_compat.trackable_base()
 
 PARTITION_STRATEGIES = ("div", "mod")
 #: Bytes per checkpoint slice when a table is saved in "mod" layout (bounded memory per slice).
@@ -143,28 +145,6 @@ def _task_of(device: str) -> str:
     return spec.replace(replica=spec.replica or 0, device_type=None, device_index=None).to_string()
 
 
-def _variable_bytes(variable: Any) -> int:
-    shape = [int(d) if d is not None else 0 for d in variable.shape]
-    return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(variable.dtype).size
-
-
-def _tf_variable(variable: Any) -> Any:
-    """The TF variable inside a Keras variable (a TF variable is returned as it is)."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-def _device_of(variable: Any) -> str:
-    value = _tf_variable(variable)
-    if isinstance(value, tf.distribute.DistributedValues) or hasattr(value, "_values"):
-        devices = sorted({v.device for v in getattr(value, "_values", ())})
-        if len(devices) > 1:
-            return "mirrored:" + ",".join(devices)
-    try:
-        return value.device
-    except (AttributeError, ValueError):
-        return ""
-
-
 class PlacementLedger:
     """Bytes already placed on each device (task), per strategy; greedy placement reads it."""
 
@@ -173,11 +153,11 @@ class PlacementLedger:
         self._lock = threading.Lock()
 
     def record(self, variable: Any, device: str | None = None) -> None:
-        task = _task_of(device or _device_of(variable))
+        task = _task_of(device or device_of(variable))
         with self._lock:
             for held in self._bytes.values():
                 held.pop(id(variable), None)
-            self._bytes.setdefault(task, {})[id(variable)] = _variable_bytes(variable)
+            self._bytes.setdefault(task, {})[id(variable)] = stored_bytes(variable)
 
     def bytes_on(self, device: str) -> int:
         return sum(self._bytes.get(_task_of(device), {}).values())
@@ -207,8 +187,8 @@ def placement_ledger(strategy: tf.distribute.Strategy | None = None) -> Placemen
 
 
 @contextlib.contextmanager
-def placement_scope():
-    """Records every variable created inside it in the current strategy's ledger.
+def record_all_variables():
+    """Records every variable created inside it in the current strategy's placement ledger.
 
     Build a model inside it (under the strategy's scope) so that sharded layers
     balance their shards against *all* the variables already on each ps, not
@@ -347,7 +327,7 @@ class _ShardedWeight:
         return tf.reshape(rows, tf.concat([tf.shape(ids), [self.dim]], 0))
 
 
-class _LogicalTableCheckpoint(tf.__internal__.tracking.Trackable):
+class _LogicalTableCheckpoint(_Trackable):
     """Saves N shard variables as slices of one logical [vocab, dim] tensor; restores into any layout.
 
     "div" shards are contiguous row ranges: each is saved as its own slice,
@@ -424,13 +404,13 @@ class _LogicalTableCheckpoint(tf.__internal__.tracking.Trackable):
         return tf.group(ops)
 
 
-class _LogicalTableSaveable(saveable_object.SaveableObject):
+class _LogicalTableSaveable(_SaveableObject):
     """One SaveSpec per slice of the logical table, all under one checkpoint key (as ShardedVariable does)."""
 
     def __init__(self, table: _LogicalTableCheckpoint, name: str):
         self._table = table
-        specs = [saveable_object.SaveSpec((lambda index=index: table.read_slice(index)),
-                                          table._slice_spec(start, rows), name, dtype=table._dtype, device=device)
+        specs = [_SaveSpec((lambda index=index: table.read_slice(index)),
+                           table._slice_spec(start, rows), name, dtype=table._dtype, device=device)
                  for index, (start, rows, device) in enumerate(table.slices())]
         super().__init__(None, specs, name)
 
@@ -686,7 +666,7 @@ class ReshardableOptimizerMixin:
             if not sharded_model:
                 return children
         keep = {name: child for name, child in children.items()
-                if name in ("_iterations", "_learning_rate") and isinstance(child, tf.__internal__.tracking.Trackable)}
+                if name in ("_iterations", "_learning_rate") and isinstance(child, _Trackable)}
         kept_ids = {id(c) for c in keep.values()}
         groups: dict[tuple[int, str], dict[int, Any]] = {}
         for variable in variables:
@@ -736,7 +716,7 @@ class SparseAdagrad(ReshardableOptimizerMixin, keras.optimizers.Adagrad):
             return super().update_step(gradient, variable, learning_rate)
         lr = tf.cast(learning_rate, variable.dtype)
         accumulator = self._accumulators[self._get_variable_index(variable)]
-        accumulator, variable = _tf_variable(accumulator), _tf_variable(variable)
+        accumulator, variable = tf_compat.variable_storage(accumulator), tf_compat.variable_storage(variable)
         indices, position = tf.unique(tf.cast(gradient.indices, tf.int64))
         values = tf.math.unsorted_segment_sum(tf.cast(gradient.values, variable.dtype), position,
                                               tf.shape(indices)[0])
@@ -757,8 +737,8 @@ def placement_records(model_or_variables: Any) -> dict[str, Any]:
     """Where each variable lives: {"variables": [{name, shape, bytes, device}], "bytes_per_task": {...}}."""
     rows, per_task = [], {}
     for variable in _as_variables(model_or_variables):
-        device = _device_of(variable)
-        size = _variable_bytes(variable)
+        device = device_of(variable)
+        size = stored_bytes(variable)
         rows.append({"name": getattr(variable, "path", None) or variable.name,
                      "shape": [int(d) if d is not None else None for d in variable.shape],
                      "bytes": size, "device": device})
@@ -766,14 +746,6 @@ def placement_records(model_or_variables: Any) -> dict[str, Any]:
     ps = {t: b for t, b in per_task.items() if "/job:ps/" in t}
     imbalance = (max(ps.values()) / max(1, min(ps.values())) - 1.0) if len(ps) > 1 else 0.0
     return {"variables": rows, "bytes_per_task": dict(sorted(per_task.items())), "ps_imbalance": imbalance}
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def placement_table(model_or_variables: Any) -> str:
@@ -788,14 +760,14 @@ def placement_table(model_or_variables: Any) -> str:
     lines.append("bytes per task:")
     total = sum(records["bytes_per_task"].values()) or 1
     for task, size in records["bytes_per_task"].items():
-        lines.append(f"  {task}: {size:,} ({_human(size)}, {100 * size / total:.1f}%)")
+        lines.append(f"  {task}: {size:,} ({format_bytes(size)}, {100 * size / total:.1f}%)")
     if any("/job:ps/" in t for t in records["bytes_per_task"]):
         lines.append(f"ps imbalance (largest / smallest - 1): {100 * records['ps_imbalance']:.1f}%")
     return "\n".join(lines)
 
 
 def sharded_layers(model: keras.layers.Layer) -> list:
-    return [layer for layer in model._flatten_layers(include_self=True) if isinstance(layer, _ShardedLayerMixin)]
+    return [layer for layer in tf_compat.sublayers(model, include_self=True) if isinstance(layer, _ShardedLayerMixin)]
 
 
 def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, Any]:
@@ -829,8 +801,3 @@ def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, 
     return {"sparse_ops": sparse, "full_table_ops": dense,
             "tables": [{"name": t.key, "rows": t.layout.vocab, "dim": t.dim, "shards": t.layout.num_shards}
                        for t in tables]}
-
-
-def write_json(path: str, payload: Any) -> None:
-    """Writes a JSON report atomically (a local path or any URI tf.io.gfile writes, e.g. under model_dir)."""
-    storage.write_text(path, json.dumps(payload, indent=2) + "\n")

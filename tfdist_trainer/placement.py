@@ -34,13 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import math
 import re
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from tfdist_trainer import storage
+from tfdist_trainer import tf_compat
+from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
+from tfdist_trainer.variables import write_report  # noqa: F401  (strategies.py calls placement.write_report)
 
 AUTO = "auto"
 
@@ -139,14 +140,6 @@ def balance_contiguous(sizes: Sequence[float], num_stages: int) -> list[int]:
     return stages
 
 
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024.0
-    return f"{n:.1f} GiB"
-
-
 def short_device(name: str) -> str:
     """'/job:localhost/replica:0/task:0/device:CPU:1' -> 'CPU:1' (keeps the task when it is not local)."""
     match = re.search(r"device:([A-Za-z_]+):(\d+)", name or "")
@@ -185,7 +178,7 @@ class _Devices:
 
 
 @contextlib.contextmanager
-def placement_scope(device: str | None):
+def on_device(device: str | None):
     """Ops and variables created inside land on `device`.
 
     Under a Mirrored/MultiWorkerMirrored strategy (model_parallel.data_parallel), the
@@ -214,60 +207,35 @@ def placement_scope(device: str | None):
             yield
 
 
-def _tf_variable(kvar: Any) -> Any:
-    """The tf.Variable (or distributed variable) behind a Keras variable, or None when not yet created."""
-    return getattr(kvar, "_value", None)
-
-
-def variable_device(kvar: Any) -> str:
-    value = _tf_variable(kvar)
-    return getattr(value, "device", "") if value is not None else ""
-
-
-def variable_bytes(kvar: Any) -> int:
-    """Bytes of storage (a Keras variable's `dtype` is its compute dtype inside a mixed-precision call)."""
-    import numpy as np
-    import tensorflow as tf
-    shape = [int(d) for d in kvar.shape]
-    dtype = getattr(_tf_variable(kvar), "dtype", None) or getattr(kvar, "_dtype", None) or kvar.dtype
-    return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(dtype).size
-
-
 def _move_variable(kvar: Any, device: str) -> None:
     """Re-creates a built Keras variable's storage on `device` (same value, name and flags)."""
     import tensorflow as tf
-    old = _tf_variable(kvar)
+    old = tf_compat.variable_storage(kvar)
     if old is None:
         return
     with tf.init_scope():
         value = tf.identity(old.read_value() if hasattr(old, "read_value") else old)
-        with placement_scope(device):
-            kvar._value = None
-            kvar._initialize(value)
+        with on_device(device):
+            tf_compat.recreate_variable_storage(kvar, value)
 
 
 def _defer_to_device(kvar: Any, device_fn: Callable[[], str | None]) -> None:
     """A variable Keras deferred (created in a StatelessScope) is initialized on its layer's device."""
-    if getattr(kvar, "_tfdist_deferred_placed", False) or _tf_variable(kvar) is not None:
-        return
-    original = getattr(kvar, "_deferred_initialize", None)
-    if original is None:
+    if getattr(kvar, "_tfdist_deferred_placed", False) or tf_compat.variable_storage(kvar) is not None:
         return
     import tensorflow as tf
 
-    def initialize():
-        with tf.init_scope(), placement_scope(device_fn()):
-            original()
-    kvar._deferred_initialize = initialize
-    kvar._tfdist_deferred_placed = True
+    @contextlib.contextmanager
+    def on_layer_device():
+        with tf.init_scope(), on_device(device_fn()):
+            yield
+    if tf_compat.wrap_deferred_initializer(kvar, on_layer_device):
+        kvar._tfdist_deferred_placed = True
 
 
 def _children(layer: Any) -> list:
     import keras
-    flatten = getattr(layer, "_flatten_layers", None)
-    if flatten is None:
-        return []
-    return [c for c in flatten(include_self=False, recursive=False) if not isinstance(c, keras.layers.InputLayer)]
+    return [c for c in tf_compat.sublayers(layer, recursive=False) if not isinstance(c, keras.layers.InputLayer)]
 
 
 def _is_building_call() -> bool:
@@ -275,12 +243,7 @@ def _is_building_call() -> bool:
     import tensorflow as tf
     if not tf.executing_eagerly():
         return False
-    try:
-        from keras.src.backend.common.stateless_scope import in_stateless_scope
-        from keras.src.backend.common.symbolic_scope import in_symbolic_scope
-    except ImportError:  # pragma: no cover - older/newer Keras layouts
-        return True
-    return not in_stateless_scope() and not in_symbolic_scope()
+    return not tf_compat.in_stateless_scope() and not tf_compat.in_symbolic_scope()
 
 
 class Unit:
@@ -388,14 +351,14 @@ class Placement:
 
         @functools.wraps(original_build)
         def build(*args, **kwargs):
-            with placement_scope(placement.device_for(unit)):
+            with on_device(placement.device_for(unit)):
                 result = original_build(*args, **kwargs)
             tag_deferred()
             return result
 
         @functools.wraps(original_call)
         def call(*args, **kwargs):
-            with placement_scope(placement.device_for(unit)):
+            with on_device(placement.device_for(unit)):
                 result = original_call(*args, **kwargs)
             if not placement.finalized:
                 tag_deferred()
@@ -429,15 +392,15 @@ class Placement:
             return
         self._own_variables()
         if self.plan == AUTO:
-            sizes = [sum(variable_bytes(v) for v in u.own_variables) for u in self.units]
+            sizes = [sum(stored_bytes(v) for v in u.own_variables) for u in self.units]
             for unit, stage in zip(self.units, balance_contiguous(sizes, len(self.devices))):
                 unit.index = stage
         for unit in self.units:
             device = self.devices[unit.index]
             for v in unit.own_variables:
-                if _tf_variable(v) is None:
+                if tf_compat.variable_storage(v) is None:
                     continue
-                if not same_device(variable_device(v), device):
+                if not same_device(device_of(v), device):
                     _move_variable(v, device)
                     self.moved.append(v.path)
         self.finalized = True
@@ -455,7 +418,7 @@ class Placement:
         for unit in self.units:
             device = self.devices[unit.index] if unit.index is not None else None
             for v in unit.own_variables:
-                actual = variable_device(v)
+                actual = device_of(v)
                 if device is not None and not same_device(actual, device):
                     wrong.append((v.path, actual, device))
         return wrong
@@ -471,8 +434,8 @@ class Placement:
                 "device": self.devices[unit.index] if unit.index is not None else None,
                 "rule": unit.rule.pattern if unit.rule else None,
                 "params": params,
-                "bytes": sum(variable_bytes(v) for v in unit.own_variables),
-                "variables": [{"name": v.path, "device": variable_device(v)} for v in unit.own_variables],
+                "bytes": sum(stored_bytes(v) for v in unit.own_variables),
+                "variables": [{"name": v.path, "device": device_of(v)} for v in unit.own_variables],
             })
         return rows
 
@@ -516,17 +479,9 @@ class Placement:
         }
         if optimizer is not None:
             payload["optimizer_variables"] = [{"name": getattr(v, "path", getattr(v, "name", "?")),
-                                               "device": variable_device(v)} for v in optimizer.variables]
+                                               "device": device_of(v)} for v in optimizer.variables]
         payload.update(extra or {})
         return payload
-
-
-def write_report(path: str, payload: dict[str, Any]) -> None:
-    """Writes the placement report (a local path or any URI tf.io.gfile writes, e.g. under model_dir)."""
-    directory = storage.dirname(path)
-    if directory:
-        storage.makedirs(directory)
-    storage.write_text(path, json.dumps(payload, indent=2) + "\n")
 
 
 # -- the training step -------------------------------------------------------------
@@ -571,13 +526,13 @@ def compute_gradients(trainer: Any, batch: Any, *, num_micro_batches: int = 1,
         outputs, per_example = [], []
         for part_features, part_labels in parts:
             predictions = trainer.model(part_features, training=True)
-            with placement_scope(loss_device):
+            with on_device(loss_device):
                 losses = tf.convert_to_tensor(trainer.compute_loss(part_labels, predictions))
                 if losses.shape.rank not in (None, 1):
                     trainer.average_loss(losses)  # raises its one-line error about the shape
                 per_example.append(losses)
             outputs.append((part_labels, predictions))
-        with placement_scope(loss_device):
+        with on_device(loss_device):
             all_losses = per_example[0] if len(per_example) == 1 else tf.concat(per_example, axis=0)
             loss = trainer.average_loss(all_losses)
             scaled = trainer.optimizer.scale_loss(loss) if trainer.optimizer is not None else loss

@@ -148,7 +148,7 @@ def build_model(trainer: Trainer, strategy_config: StrategyConfig | None = None)
 def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_optimizer: bool = True,
                 strategy_config: StrategyConfig | None = None) -> tuple[tf.Variable, tf.train.Checkpoint]:
     """Creates model, optimizer, metrics and global step under the scope; returns (global_step, checkpoint)."""
-    with strategy.scope(), layers.placement_scope():
+    with strategy.scope(), layers.record_all_variables():
         # The placement scope lets self-sharding layers balance bytes against every variable.
         trainer.model = build_model(trainer, strategy_config)
         trainer.train_metrics = trainer.build_metrics()

@@ -28,7 +28,7 @@ import tensorflow as tf
 from absl import flags, logging
 
 from recipes.sharded_embedding import data as click_data
-from tfdist_trainer import Trainer, layers, storage
+from tfdist_trainer import Trainer, layers, storage, variables
 
 
 def _per_feature(name: str, value: Any, count: int) -> list:
@@ -117,10 +117,10 @@ class ClickTrainer(Trainer):
     def build_model(self) -> keras.Model:
         strategy = tf.distribute.get_strategy()
         self._asynchronous_workers = bool(layers.ps_devices(strategy))
-        # Every variable is created here, inside placement_scope, so the ledger sees all of them:
+        # Every variable is created here, inside record_all_variables, so the ledger sees all of them:
         # the dense layers first (built explicitly), then the tables, whose shards the ledger
         # places on the ps tasks with the fewest bytes so far.
-        with layers.placement_scope():
+        with layers.record_all_variables():
             dense_linear = keras.layers.Dense(1, name="dense_linear")
             dense_bottom = keras.layers.Dense(self.embedding_dims[0], activation="relu", name="dense_bottom")
             dense_linear.build((None, self.num_dense))
@@ -211,9 +211,8 @@ class ClickTrainer(Trainer):
 
     def _write_report(self, name: str, payload: Any) -> None:
         directory = self._report_dir()
-        if directory:
-            storage.makedirs(directory)
-            layers.write_json(storage.join(directory, name), payload)
+        if directory:  # write_report creates the directory
+            variables.write_report(storage.join(directory, name), payload)
 
     def _report_placement(self, model: keras.Model) -> None:
         if not _is_chief():

@@ -1,0 +1,303 @@
+"""Every private TensorFlow/Keras API the package uses (tfdist_trainer/tf_compat.py), exercised for real.
+
+When an upgrade removes or changes one, the test fails with a message naming
+the API and the installed TF/Keras versions, instead of a training run failing
+deep inside. Device placement (two logical CPUs) and ClusterCoordinator (a
+ParameterServerStrategy on in-process servers) run in their own processes:
+both change process-wide TensorFlow state.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from clusterlib import REPO, base_env
+from tfdist_trainer import layers, tf_compat, variables
+
+VERSIONS = f"TensorFlow {tf.__version__}, Keras {keras.__version__}"
+
+
+def broken(api: str, what: str) -> str:
+    return f"{api} no longer works as tfdist_trainer/tf_compat.py expects on {VERSIONS}: {what}"
+
+
+def run_script(tmp_path, source: str, timeout: float = 180) -> dict:
+    """Runs `source` in a fresh Python (the repository importable); returns the JSON of its last line."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(source))
+    proc = subprocess.run([sys.executable, str(script)], env=base_env({"GRPC_FAIL_FAST": "use_caller"}), cwd=REPO,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines and lines[-1].startswith("{"), \
+        f"the script failed on {VERSIONS} (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.fixture
+def mixed_float16():
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    keras.mixed_precision.set_global_policy(previous)
+
+
+# -- checkpoints ------------------------------------------------------------------
+
+def test_saveable_objects_round_trip_a_sharded_table_through_a_checkpoint(tmp_path):
+    """tf.__internal__.tracking.Trackable + saveable_object.SaveableObject/SaveSpec: a table saved as
+    slices of 2 shards restores into 3 shards."""
+    trackable = tf_compat.trackable_base()
+    assert trackable is tf.__internal__.tracking.Trackable, broken("tf.__internal__.tracking.Trackable", "moved")
+    saveable, spec = tf_compat.saveable_classes()
+    assert isinstance(tf.Variable(1.0), trackable), broken("tf.__internal__.tracking.Trackable",
+                                                           "a tf.Variable is not one")
+    assert callable(getattr(saveable, "restore", None)) and spec.__init__.__code__.co_varnames[:6] == (
+        "self", "tensor", "slice_spec", "name", "dtype", "device"), broken(
+        "tensorflow.python.training.saving.saveable_object.SaveSpec", "its constructor's arguments changed")
+
+    source = layers.ShardedEmbedding(11, 3, num_shards=2, embeddings_initializer="random_normal")
+    source.build()
+    saved = np.concatenate([v.numpy() for v in source.shards])
+    path = tf.train.Checkpoint(layer=source).save(str(tmp_path / "ckpt"))
+    target = layers.ShardedEmbedding(11, 3, num_shards=3, embeddings_initializer="zeros")
+    target.build()
+    tf.train.Checkpoint(layer=target).restore(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(
+        np.concatenate([v.numpy() for v in target.shards]), saved,
+        err_msg=broken("SaveableObject/SaveSpec (sliced save of a logical table)", "the table did not round-trip"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert any(name.startswith("layer/table/") for name in names) and not any("shard" in n for n in names), \
+        broken("Trackable._gather_saveables_for_checkpoint", f"the checkpoint holds {names}")
+
+
+# -- Keras variables --------------------------------------------------------------
+
+def test_variable_storage_is_the_stored_float32_variable_under_mixed_precision(mixed_float16):
+    """KerasVariable._value: the tf.Variable; `value`/`dtype` read float16 inside a mixed-precision call."""
+    dense = keras.layers.Dense(10)
+    dense.build((None, 20))
+    optimizer = keras.optimizers.Adam()
+    optimizer.build(dense.trainable_variables)
+    seen = {}
+
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            for v in [dense.kernel] + optimizer.variables:
+                seen[v.path] = (v.value.dtype, tf_compat.variable_storage(v), variables.stored_bytes(v))
+            return x
+
+    Probe()(tf.ones((1, 1)))
+    stored = tf_compat.variable_storage(dense.kernel)
+    assert isinstance(stored, tf.Variable) and stored.dtype == tf.float32, broken(
+        "KerasVariable._value", f"the storage of a Dense kernel is {stored!r}")
+    assert stored.device == dense.kernel.value.device and np.array_equal(stored.numpy(), dense.kernel.numpy())
+    value_dtype, in_call, in_call_bytes = seen[dense.kernel.path]
+    assert value_dtype == tf.float16, "Keras no longer autocasts `value` in a call: variables.stored_bytes may be simpler"
+    assert in_call is stored, broken("KerasVariable._value", "inside a layer call it is not the stored variable")
+    assert in_call_bytes == variables.stored_bytes(dense.kernel) == 20 * 10 * 4
+    momentum = next(v for v in optimizer.variables if v.path.endswith("dense_kernel_momentum"))
+    assert seen[momentum.path][1].dtype == tf.float32 and seen[momentum.path][2] == 800
+    assert tf_compat.variable_storage(stored) is stored
+
+
+def test_variable_storage_device_and_recreating_it_on_another_device(tmp_path):
+    """KerasVariable._value is where the variable lives; `_value = None` + `_initialize(value)` moves it
+    (same Keras variable, value and flags); `_deferred_initialize` of a variable created in a
+    StatelessScope runs inside the scope we give it."""
+    result = run_script(tmp_path, """
+        import json
+        import tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        import keras
+        from tfdist_trainer import tf_compat, variables
+
+        with tf.device("/CPU:1"):
+            dense = keras.layers.Dense(3, name="dense")
+            dense.build((None, 2))
+        kernel = dense.kernel
+        out = {"built_on": variables.device_of(kernel), "storage_device": tf_compat.variable_storage(kernel).device}
+        before = kernel.numpy().tolist()
+        with tf.device("/CPU:0"):
+            tf_compat.recreate_variable_storage(kernel, tf.identity(tf_compat.variable_storage(kernel)))
+        out["moved_to"] = variables.device_of(kernel)
+        out["same_value"] = kernel.numpy().tolist() == before
+        out["same_variable"] = dense.kernel is kernel and dense.trainable_weights[0] is kernel
+        out["trainable"] = tf_compat.variable_storage(kernel).trainable
+        kernel.assign_add(tf.ones_like(kernel))
+        out["assign_reaches_new_storage"] = bool(tf_compat.variable_storage(kernel).numpy()[0][0] == before[0][0] + 1)
+
+        entered = []
+        import contextlib
+        @contextlib.contextmanager
+        def on_cpu1():
+            entered.append(True)
+            with tf.init_scope(), tf.device("/CPU:1"):
+                yield
+        with keras.StatelessScope():
+            deferred = keras.Variable(initializer="ones", shape=(2,), name="deferred")
+            out["deferred_storage"] = repr(tf_compat.variable_storage(deferred))
+            out["wrapped"] = tf_compat.wrap_deferred_initializer(deferred, on_cpu1)
+        out["deferred_entered"] = len(entered)
+        out["deferred_device"] = variables.device_of(deferred)
+        out["not_deferred"] = tf_compat.wrap_deferred_initializer(object(), on_cpu1)
+        print(json.dumps(out))
+    """)
+    assert result["built_on"].endswith("CPU:1") and result["storage_device"] == result["built_on"], broken(
+        "KerasVariable._value", f"a kernel built under tf.device('/CPU:1') is stored on {result['storage_device']}")
+    assert result["moved_to"].endswith("CPU:0"), broken("KerasVariable._initialize",
+                                                        f"re-created storage is on {result['moved_to']}")
+    assert result["same_value"] and result["same_variable"] and result["trainable"], broken(
+        "KerasVariable._value = None; _initialize(value)", f"the moved variable changed: {result}")
+    assert result["assign_reaches_new_storage"], broken("KerasVariable._initialize", "assign misses the new storage")
+    assert result["deferred_storage"] == "None" and result["wrapped"], broken(
+        "KerasVariable._deferred_initialize", f"a variable created in a StatelessScope is not deferred: {result}")
+    assert result["deferred_entered"] == 1 and result["deferred_device"].endswith("CPU:1"), broken(
+        "KerasVariable._deferred_initialize", f"Keras did not create the deferred variable through it: {result}")
+    assert result["not_deferred"] is False
+
+
+def test_sublayers_walks_nested_layers():
+    """Layer._flatten_layers(include_self, recursive): the nested layers, depth-first."""
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.inner = keras.layers.Dense(2, name="inner")
+            self.norm = keras.layers.LayerNormalization(name="norm")
+
+    block = Block(name="block")
+    model = keras.Sequential([keras.layers.Dense(2, name="first"), block], name="model")
+    names = lambda found: [layer.name for layer in found]  # noqa: E731
+    found = names(tf_compat.sublayers(model))
+    assert found[:2] == ["first", "block"] and sorted(found[2:]) == ["inner", "norm"], broken(
+        "Layer._flatten_layers", f"nested layers of a Sequential (in order, then the block's): {found}")
+    assert names(tf_compat.sublayers(model, recursive=False)) == ["first", "block"], broken(
+        "Layer._flatten_layers(recursive=False)", "not the direct sublayers in order")
+    found = names(tf_compat.sublayers(block, include_self=True))
+    assert found[0] == "block" and sorted(found[1:]) == ["inner", "norm"], broken(
+        "Layer._flatten_layers(include_self=True)", f"gave {found}")
+    assert tf_compat.sublayers(object()) == []
+    sharded = keras.Sequential([keras.layers.Dense(2), layers.ShardedEmbedding(5, 2, num_shards=1, name="emb")])
+    assert [layer.name for layer in layers.sharded_layers(sharded)] == ["emb"]
+
+
+def test_stateless_and_symbolic_scopes_are_reported_inside_them():
+    """keras.src.backend.common.stateless_scope.in_stateless_scope / symbolic_scope.in_symbolic_scope."""
+    assert not tf_compat.in_stateless_scope() and not tf_compat.in_symbolic_scope()
+    with keras.StatelessScope():
+        assert tf_compat.in_stateless_scope(), broken("in_stateless_scope", "False inside keras.StatelessScope")
+    with keras.SymbolicScope():
+        assert tf_compat.in_symbolic_scope(), broken("in_symbolic_scope", "False inside keras.SymbolicScope")
+    seen = []
+
+    class Probe(keras.layers.Layer):
+        def call(self, x):
+            seen.append(tf_compat.in_symbolic_scope() or tf_compat.in_stateless_scope())
+            return x
+
+    probe = Probe()
+    inputs = keras.Input((2,))
+    keras.Model(inputs, probe(inputs))  # building a functional model traces its layers symbolically
+    probe(tf.ones((1, 2)))
+    assert seen == [True, False], broken("in_symbolic_scope/in_stateless_scope",
+                                         f"[tracing a functional model, an eager call] gave {seen}")
+
+
+def test_atomic_metric_updates_lose_no_concurrent_update():
+    """Keras' assign_add is assign(read + value); the patch makes a Mean metric's assign_add TF's atomic one."""
+    metric = keras.metrics.Mean()
+    tf_compat.make_metric_updates_atomic([metric])
+    calls = []
+    for v in metric.variables:
+        assert "assign_add" in vars(v), broken("KerasVariable._value", f"{v.path} has no tf.Variable to patch")
+        patched = v.assign_add
+        v.assign_add = (lambda value, f=patched, name=v.name: (calls.append(name), f(value))[1])
+    metric.update_state([1.0])
+    assert sorted(calls) == ["count", "total"], broken(
+        "keras.metrics.Mean.update_state", f"no longer updates through assign_add (called: {calls})")
+    metric.reset_state()
+    tf_compat.make_metric_updates_atomic([metric])
+    threads, per_thread = 8, 150
+
+    def add():
+        for _ in range(per_thread):
+            metric.update_state([1.0, 1.0])
+
+    workers = [threading.Thread(target=add) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    total, count = (float(v.numpy()) for v in metric.variables)
+    assert (total, count) == (2.0 * threads * per_thread,) * 2, broken(
+        "the metric assign_add patch", f"{threads} threads x {per_thread} updates gave total={total} count={count}")
+
+
+# -- ClusterCoordinator -------------------------------------------------------------
+
+def test_remote_value_status_and_busy_worker_threads_on_a_real_coordinator(tmp_path):
+    """RemoteValueImpl._status and the "WorkerClosureProcessingLoop-<i>" threads in Worker._process_closure,
+    read from a ParameterServerStrategy + ClusterCoordinator on in-process servers."""
+    result = run_script(tmp_path, """
+        import json, os, threading, time
+        import portpicker
+        import tensorflow as tf
+        from tfdist_trainer import tf_compat
+
+        cluster = {job: [f"localhost:{portpicker.pick_unused_port()}"] for job in ("chief", "worker", "ps")}
+        spec = tf.train.ClusterSpec(cluster)
+        servers = [tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
+                   for job in ("worker", "ps")]
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0,
+                                                                        rpc_layer="grpc")
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        with strategy.scope():
+            release = tf.Variable(0, dtype=tf.int32, trainable=False)
+            spins = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+        @tf.function
+        def hold():  # runs on the worker until the chief sets `release` (at most 5M spins)
+            def body(i):
+                spins.assign_add(1)
+                return i + 1
+            return tf.while_loop(lambda i: tf.logical_and(release.read_value() == 0, i < 5_000_000), body,
+                                 [tf.constant(0)])
+
+        def poll(condition, seconds=60):
+            deadline = time.time() + seconds
+            while time.time() < deadline and not condition():
+                time.sleep(0.05)
+
+        out = {}
+        remote = coordinator.schedule(hold)
+        poll(lambda: tf_compat.busy_worker_indices() and spins.numpy() > 0)
+        out["busy_while_running"] = tf_compat.busy_worker_indices()
+        out["finished_while_running"] = tf_compat.remote_value_finished(remote)
+        release.assign(1)
+        coordinator.join()
+        out["finished_after_join"] = tf_compat.remote_value_finished(remote)
+        poll(lambda: not tf_compat.busy_worker_indices(), 10)
+        out["busy_after_join"] = tf_compat.busy_worker_indices()
+        out["threads"] = sorted(t.name for t in threading.enumerate()
+                                if t.name.startswith(tf_compat.COORDINATOR_WORKER_THREAD_PREFIX))
+        print(json.dumps(out), flush=True)
+        os._exit(0)  # in-process servers cannot be shut down cleanly
+    """)
+    assert result["threads"] == ["WorkerClosureProcessingLoop-0"], broken(
+        "ClusterCoordinator worker threads", f"threads named {result['threads']}")
+    assert result["busy_while_running"] == [0], broken(
+        "Worker._process_closure", f"no coordinator thread was inside it while a closure ran: {result}")
+    assert result["busy_after_join"] == [], broken("Worker._process_closure", f"still busy after join: {result}")
+    assert result["finished_while_running"] is False and result["finished_after_join"] is True, broken(
+        "RemoteValueImpl._status", f"status while running / after join: {result}")

@@ -1,0 +1,188 @@
+"""The one module allowed to touch private TensorFlow and Keras APIs (checked on TF 2.21 / Keras 3.15).
+
+Each use is one small function whose docstring says what it relies on and why
+there is no public way. tests/test_tf_compat.py exercises every one of them
+against the installed TensorFlow and Keras, so an upgrade that removes or
+changes one fails there, by name, instead of deep inside a training run.
+
+TensorFlow and Keras are imported inside the functions: importing this module
+starts nothing (model-parallel plans are checked before TF starts).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+#: Name prefix of ClusterCoordinator's per-worker threads ("WorkerClosureProcessingLoop-<worker index>").
+COORDINATOR_WORKER_THREAD_PREFIX = "WorkerClosureProcessingLoop-"
+#: The `Worker` method a coordinator thread is inside while it runs a closure on its worker.
+COORDINATOR_BUSY_FRAME = "_process_closure"
+
+
+# -- checkpoints ------------------------------------------------------------------
+
+def trackable_base() -> type:
+    """`tf.__internal__.tracking.Trackable`: the base of every object a `tf.train.Checkpoint` can hold.
+
+    A sharded table is saved as one logical tensor, so its checkpoint child is
+    not a variable but an object that supplies its own saveables
+    (`_gather_saveables_for_checkpoint`). Only a Trackable may do that; TF has
+    no public base class for it (`tf.Module` is one, but brings variable
+    tracking that would save the shards a second time).
+    """
+    import tensorflow as tf
+    return tf.__internal__.tracking.Trackable
+
+
+def saveable_classes() -> tuple[type, type]:
+    """(SaveableObject, SaveSpec) from `tensorflow.python.training.saving.saveable_object`.
+
+    The checkpoint API that TF's own `ShardedVariable` uses to save slices of
+    one tensor from several variables (each slice a SaveSpec with its
+    `SaveSliceInfo` spec), so that a restore may ask for any other slicing.
+    TF exports no public way to save one tensor as slices held by several
+    variables (`tf.train.experimental.PythonState` saves one string).
+    """
+    from tensorflow.python.training.saving import saveable_object
+    return saveable_object.SaveableObject, saveable_object.SaveSpec
+
+
+# -- Keras variables --------------------------------------------------------------
+
+def variable_storage(variable: Any) -> Any:
+    """The TF variable that stores a Keras variable (`KerasVariable._value`); None before it is created.
+
+    A TF variable (or any non-Keras value) is returned as it is. Keras' public
+    `variable.value` is not the storage: inside a mixed-precision layer call it
+    is a float16 *copy* (autocast), and before a deferred variable is created it
+    is a placeholder. The device a variable lives on, the bytes it stores and
+    atomic TF updates (`assign_add`, `scatter_add`) need the stored variable
+    itself; Keras 3 has no public accessor for it.
+    """
+    import keras
+    if isinstance(variable, keras.Variable):
+        return variable._value  # noqa: SLF001
+    return variable
+
+
+def recreate_variable_storage(variable: Any, value: Any) -> None:
+    """Creates a built Keras variable's storage anew from `value` (`_value = None`, then `_initialize`).
+
+    The new tf.Variable is created under the caller's device and variable
+    creator scopes, with the Keras variable's dtype, name, trainability and
+    aggregation (the TF backend's `Variable._initialize`). This moves a
+    variable to another device; Keras has no public way (`assign` keeps the
+    device, and a new Keras variable would not be the one the layer, its
+    optimizer slots and checkpoints already reference).
+    """
+    variable._value = None  # noqa: SLF001  (_initialize refuses nothing, but must not see the old storage)
+    variable._initialize(value)  # noqa: SLF001
+
+
+def wrap_deferred_initializer(variable: Any, scope: Callable[[], AbstractContextManager]) -> bool:
+    """Makes Keras run a deferred variable's creation inside `scope()`; False when it is not deferred.
+
+    A Keras variable created inside a `StatelessScope` (Keras builds some
+    layers that way) gets no storage: Keras creates it later by calling the
+    variable's `_deferred_initialize()`, outside the layer's build, so outside
+    any device scope the layer had. Replacing that method on the instance is
+    the only hook Keras offers to choose where the storage is created.
+    """
+    original = getattr(variable, "_deferred_initialize", None)
+    if original is None:
+        return False
+
+    def initialize():
+        with scope():
+            original()
+    variable._deferred_initialize = initialize  # noqa: SLF001
+    return True
+
+
+def sublayers(layer: Any, *, include_self: bool = False, recursive: bool = True) -> list:
+    """The layers nested in a Keras layer (`Layer._flatten_layers`), depth-first; [] for a non-layer.
+
+    Keras 3 lists the direct sublayers of a Model (`model.layers`) but has no
+    public way to walk the sublayers of any layer, or to walk them all.
+    """
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is None:
+        return []
+    return list(flatten(include_self=include_self, recursive=recursive))
+
+
+def in_stateless_scope() -> bool:
+    """Whether Keras is inside a `keras.StatelessScope` (a call that must not touch variables).
+
+    `keras.StatelessScope` is public, asking whether one is active is not
+    (`keras.src.backend.common.stateless_scope.in_stateless_scope`).
+    """
+    from keras.src.backend.common.stateless_scope import in_stateless_scope as active
+    return bool(active())
+
+
+def in_symbolic_scope() -> bool:
+    """Whether Keras is inside a `keras.SymbolicScope` (shape inference on `keras.Input`s).
+
+    `keras.SymbolicScope` is public, asking whether one is active is not
+    (`keras.src.backend.common.symbolic_scope.in_symbolic_scope`).
+    """
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope as active
+    return bool(active())
+
+
+def make_metric_updates_atomic(metrics: Sequence[Any]) -> None:
+    """Makes the `assign_add` of the metrics' variables one atomic TF `assign_add` on their storage.
+
+    Keras 3 implements `Variable.assign_add` as `assign(self + value)`: two
+    parameter_server workers updating the same ps variable at once lose one
+    update, and accuracy can exceed 1 (total and count lose different amounts).
+    TF's own `assign_add` on the stored tf.Variable is atomic on the ps. Keras
+    has no public switch for it, so each metric variable's `assign_add` is
+    replaced on the instance (read by `Mean`, `Sum`, accuracy metrics, ...).
+    """
+    import tensorflow as tf
+    for metric in metrics:
+        for variable in metric.variables:
+            backing = variable_storage(variable)
+            if isinstance(backing, tf.Variable) and backing is not variable:
+                variable.assign_add = (lambda value, b=backing: b.assign_add(tf.cast(value, b.dtype)))
+
+
+# -- ClusterCoordinator -------------------------------------------------------------
+
+def remote_value_finished(remote_value: Any) -> bool:
+    """Whether a ClusterCoordinator RemoteValue holds its result or error, without blocking.
+
+    Reads `RemoteValueImpl._status` (a `RemoteValueStatus`): the public
+    `fetch()` and `get()` block until the closure has run, and a closure on a
+    worker whose link is down never runs.
+    """
+    status = getattr(remote_value, "_status", None)
+    return status is not None and status.name != "NOT_READY"
+
+
+def busy_worker_indices() -> list[int]:
+    """Indices of the workers whose ClusterCoordinator thread is running a closure right now.
+
+    ClusterCoordinator keeps one thread per worker, named
+    "WorkerClosureProcessingLoop-<index>", that sits in `Worker._process_closure`
+    while its worker runs a closure. TF has no public view of which worker holds
+    which closure, so this reads the thread names and their Python stacks.
+    """
+    frames = sys._current_frames()  # noqa: SLF001
+    busy = []
+    for thread in threading.enumerate():
+        if not thread.name.startswith(COORDINATOR_WORKER_THREAD_PREFIX):
+            continue
+        frame = frames.get(thread.ident)
+        while frame is not None:
+            if frame.f_code.co_name == COORDINATOR_BUSY_FRAME:
+                busy.append(int(thread.name[len(COORDINATOR_WORKER_THREAD_PREFIX):]))
+                break
+            frame = frame.f_back
+    return sorted(busy)
