@@ -101,13 +101,24 @@ def test_variable_storage_is_the_stored_float32_variable_under_mixed_precision(m
         "KerasVariable._value", f"the storage of a Dense kernel is {stored!r}")
     assert stored.device == dense.kernel.value.device and np.array_equal(stored.numpy(), dense.kernel.numpy())
     value_dtype, in_call, in_call_bytes = seen[dense.kernel.path]
-    assert value_dtype == tf.float16, "Keras no longer autocasts `value` in a call: variables.stored_bytes may be simpler"
+    assert value_dtype == tf.float16, "Keras no longer autocasts `value` in a call (variable_storage could go)"
     assert in_call is stored, broken("KerasVariable._value", "inside a layer call it is not the stored variable")
     assert in_call_bytes == variables.stored_bytes(dense.kernel) == 20 * 10 * 4
     momentum = next(v for v in optimizer.variables if v.path.endswith("dense_kernel_momentum"))
     assert seen[momentum.path][1].dtype == tf.float32 and seen[momentum.path][2] == 800
     assert tf_compat.variable_storage(stored) is stored
 
+
+def test_sharded_layers_read_the_stored_tables_inside_a_mixed_precision_call(mixed_float16):
+    """ShardedSoftmax multiplies by its stored float32 shards: Keras' `value` (a float16 copy inside the
+    call) made the matmul fail on mixed dtypes before the shards were read through variable_storage."""
+    softmax = layers.ShardedSoftmax(7, num_shards=2)
+    x = tf.random.stateless_normal([2, 4], seed=[3, 4])
+    logits = softmax(x)
+    assert logits.dtype == tf.float16
+    kernel = np.concatenate([v.numpy() for v in softmax.kernel.variables])
+    bias = np.concatenate([v.numpy() for v in softmax.bias.variables]).reshape(-1)
+    np.testing.assert_allclose(logits.numpy(), x.numpy() @ kernel.T + bias, rtol=1e-2, atol=1e-2)
 
 def test_variable_storage_device_and_recreating_it_on_another_device(tmp_path):
     """KerasVariable._value is where the variable lives; `_value = None` + `_initialize(value)` moves it

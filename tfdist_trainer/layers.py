@@ -268,11 +268,11 @@ class _ShardedWeight:
             variable._tfdist_table = (self, i)  # read by reshardable optimizers
             ledger.record(variable)
             self.variables.append(variable)
-        self.checkpoint = _LogicalTableCheckpoint(lambda: [v.value for v in self.variables], layout, dim,
-                                                  tf.as_dtype(dtype), name=self.key)
+        self.checkpoint = _LogicalTableCheckpoint(self.tf_variables, layout, dim, tf.as_dtype(dtype), name=self.key)
 
     def tf_variables(self) -> list:
-        return [v.value for v in self.variables]
+        """The stored shard variables (inside a mixed-precision call Keras' `value` is a float16 copy)."""
+        return [tf_compat.variable_storage(v) for v in self.variables]
 
     def gather(self, ids: tf.Tensor, unique: bool = True, validate: bool = True,
                fixed_size: bool | None = None) -> tf.Tensor:
@@ -686,8 +686,8 @@ class ReshardableOptimizerMixin:
             cache = self.__dict__.setdefault("_tfdist_slot_tables", {})
             key = (id(table), slot_name, tuple(id(s) for s in slots))
             if key not in cache:  # the same object on every call: checkpoints compare identities
-                cache[key] = _LogicalTableCheckpoint(lambda slots=slots: [s.value for s in slots], table.layout,
-                                                     table.dim, tf.as_dtype(slots[0].dtype),
+                stored = lambda slots=slots: [tf_compat.variable_storage(s) for s in slots]  # noqa: E731
+                cache[key] = _LogicalTableCheckpoint(stored, table.layout, table.dim, tf.as_dtype(slots[0].dtype),
                                                      name=f"{table.key}/{slot_name}")
             keep[f"sharded/{table.key}/{slot_name}"] = cache[key]
         return keep
