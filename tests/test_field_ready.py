@@ -17,7 +17,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import clusterlib
 from clusterlib import FAST_MNIST, HandCluster, launch_cmd, strategy_gin
@@ -214,18 +213,3 @@ def test_serving_tasks_exit_retryable_when_the_chief_vanishes(tmp_path):
     record_fault("pss: SIGKILL chief, seen by the serving tasks", step_at_kill="-", restored="- (tasks exit 201)",
                  steps_lost="-", recover_s=slowest)
     assert slowest >= grace_s
-
-
-def test_watchdog_reads_which_worker_holds_a_closure():
-    """The watchdog's view into ClusterCoordinator (private in TF 2.21) still works: fails on an upgrade
-    that renames the worker threads, the closure runner or the RemoteValue status."""
-    from tensorflow.python.distribute.coordinator import cluster_coordinator, remote_value, values
-
-    from tfdist_trainer import watchdog
-    assert watchdog._BUSY_FRAME in vars(cluster_coordinator.Worker), "Worker._process_closure is gone"
-    assert "WorkerClosureProcessingLoop-" in open(cluster_coordinator.__file__).read()
-    assert remote_value.RemoteValueStatus.NOT_READY.name == "NOT_READY"
-    ready = values.RemoteValueImpl(None, None)
-    assert not watchdog.is_finished(ready)
-    ready._set_values(tf.constant(1))
-    assert watchdog.is_finished(ready)

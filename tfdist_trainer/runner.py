@@ -28,6 +28,7 @@ from tfdist_trainer import hooks as hooks_lib
 from tfdist_trainer import layers
 from tfdist_trainer import loops
 from tfdist_trainer import storage
+from tfdist_trainer import tf_compat
 from tfdist_trainer import watchdog
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import CHIEF, WORKER, ClusterConfig, is_listening
@@ -154,7 +155,7 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
         trainer.train_metrics = trainer.build_metrics()
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
         if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-            _atomic_metric_updates(trainer.train_metrics + trainer.eval_metrics)
+            tf_compat.make_metric_updates_atomic(trainer.train_metrics + trainer.eval_metrics)
         global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
                                   aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
         items = {"model": trainer.model, "global_step": global_step}
@@ -285,22 +286,6 @@ def _max_over_workers_fn(strategy: tf.distribute.Strategy):
         return tf.reduce_max(strategy.gather(votes, axis=0))  # ReduceOp has no MAX
 
     return lambda value: int(max_over_workers(tf.constant(value, tf.int64)))
-
-
-def _atomic_metric_updates(metrics: Sequence[keras.metrics.Metric]) -> None:
-    """Makes metric accumulators add atomically under parameter_server.
-
-    Keras 3 implements `assign_add` as `assign(read + value)`, so workers
-    updating the same ps variable at once lose updates, and accuracy can
-    exceed 1 (total and count lose different amounts). TF's own assign_add
-    on the underlying variable is atomic on the ps.
-    """
-    for metric in metrics:
-        for variable in metric.variables:
-            backing = getattr(variable, "_value", None)
-            if isinstance(backing, tf.Variable):
-                variable.assign_add = (lambda value, v=variable, b=backing:
-                                       b.assign_add(tf.cast(value, b.dtype)))
 
 
 class _TerminationSignal:

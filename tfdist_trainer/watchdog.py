@@ -8,22 +8,19 @@ none has finished for `timeout_s`, it raises `ClusterStalledError` naming the
 workers whose closure is stuck, and the runner saves a checkpoint and exits
 with a retryable code, so that a restart policy resumes the job.
 
-Which worker holds a closure is not public in TF 2.21: it is read from the
-coordinator's per-worker threads ("WorkerClosureProcessingLoop-<i>", busy
-inside `_process_closure`), and a finished closure from its RemoteValue's
-status. tests/test_field_ready.py fails loudly when an upgrade changes either.
+Which worker holds a closure, and whether a closure has finished, are not
+public in TF 2.21: tfdist_trainer.tf_compat reads them (and
+tests/test_tf_compat.py fails loudly when an upgrade changes either).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-_WORKER_THREAD_PREFIX = "WorkerClosureProcessingLoop-"
-_BUSY_FRAME = "_process_closure"
+from tfdist_trainer import tf_compat
 
 
 class ClusterStalledError(Exception):
@@ -32,28 +29,6 @@ class ClusterStalledError(Exception):
     def __init__(self, message: str, silent: Sequence[int]):
         super().__init__(message)
         self.silent = list(silent)
-
-
-def is_finished(remote_value: Any) -> bool:
-    """Whether a RemoteValue has its result or error (without blocking, unlike fetch())."""
-    status = getattr(remote_value, "_status", None)
-    return status is not None and status.name != "NOT_READY"
-
-
-def busy_workers() -> list[int]:
-    """Indices of the workers whose coordinator thread is running a closure right now."""
-    frames = sys._current_frames()  # noqa: SLF001 - the only view of which worker holds a closure
-    busy = []
-    for thread in threading.enumerate():
-        if not thread.name.startswith(_WORKER_THREAD_PREFIX):
-            continue
-        frame = frames.get(thread.ident)
-        while frame is not None:
-            if frame.f_code.co_name == _BUSY_FRAME:
-                busy.append(int(thread.name[len(_WORKER_THREAD_PREFIX):]))
-                break
-            frame = frame.f_back
-    return sorted(busy)
 
 
 def wait_for_closures(coordinator: Any, remote_values: Sequence[Any], *, timeout_s: float,
@@ -79,7 +54,7 @@ def wait_for_closures(coordinator: Any, remote_values: Sequence[Any], *, timeout
 
     joiner = threading.Thread(target=join, name="tfdist-join", daemon=True)
     joiner.start()
-    finished = sum(is_finished(r) for r in remote_values)
+    finished = sum(tf_compat.remote_value_finished(r) for r in remote_values)
     last_progress = time.monotonic()
     while True:
         joiner.join(timeout=min(poll_s, timeout_s))
@@ -87,11 +62,11 @@ def wait_for_closures(coordinator: Any, remote_values: Sequence[Any], *, timeout
             if outcome[0] is not None:
                 raise outcome[0]
             return
-        now_finished = sum(is_finished(r) for r in remote_values)
+        now_finished = sum(tf_compat.remote_value_finished(r) for r in remote_values)
         if now_finished > finished:
             finished, last_progress = now_finished, time.monotonic()
         elif time.monotonic() - last_progress >= timeout_s:
-            silent = busy_workers()
+            silent = tf_compat.busy_worker_indices()
             names = ", ".join(
                 f"worker:{i}" + (f" ({worker_addresses[i]})" if i < len(worker_addresses) else "") for i in silent)
             raise ClusterStalledError(
