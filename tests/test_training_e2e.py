@@ -14,6 +14,7 @@ is 0.1, so MIN_EVAL_ACCURACY leaves a wide margin for asynchronous PSS runs.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import tensorflow as tf
@@ -113,6 +114,19 @@ def test_launch_trains_mnist(tmp_path, strategy, launch_args, roles):
     assert_strategy_used(result.stdout, strategy)
     assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [r.replace(":", "-") + ".log" for r in roles]
     assert_role_prefixed(result.stdout, os.path.join(model_dir, "logs"), roles)
+    if strategy == "multi_worker_mirrored":
+        assert_workers_read_own_shards_and_agree(result.stdout)
+
+
+def assert_workers_read_own_shards_and_agree(output: str) -> None:
+    """Each worker fed its replica from its own pipeline (a plain iterator), and gradients were all-reduced."""
+    for index in (0, 1):
+        expected = f"[worker:{index}] "
+        pipeline = f"training input: input pipeline {index} of 2, 1 local replica(s), a plain iterator on the host"
+        assert any(line.startswith(expected) and pipeline in line for line in output.splitlines()), (
+            f"no '{pipeline}' from worker {index}:\n{output[-5000:]}")
+    fingerprints = dict(re.findall(r"^\[(worker:\d)\].*weights fingerprint (\w+)", output, re.M))
+    assert len(fingerprints) == 2 and len(set(fingerprints.values())) == 1, fingerprints
 
 
 @pytest.mark.cluster

@@ -45,7 +45,9 @@ def _earliest_step(strategy: tf.distribute.Strategy, per_replica_step) -> tf.Ten
 
 
 def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
-                   jit_compile: bool = False, step_fn: Callable | None = None) -> Callable:
+                   jit_compile: bool = False, step_fn: Callable | None = None,
+                   next_batch: Callable = next) -> Callable:
+    """The compiled loop; `next_batch(iterator)` gives one step's input (a `data.SyncInput`'s, or `next`)."""
     step_fn = step_fn or trainer.train_step
     if jit_compile:  # each replica's step is compiled (as Keras does for fit); the loop around it is not
         step_fn = tf.function(step_fn, jit_compile=True)
@@ -69,7 +71,7 @@ def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer, global_st
         for i in tf.range(steps):
             # The step being taken, for user steps that need it (schedules, fault injection).
             trainer.step = base + i + 1
-            total, first_bad = strategy.run(replica_step, args=(next(iterator), total, first_bad, trainer.step))
+            total, first_bad = strategy.run(replica_step, args=(next_batch(iterator), total, first_bad, trainer.step))
         # One increment per loop, at its end: a closure that a dead worker never finished
         # is re-run by the coordinator without counting its steps twice.
         global_step.assign_add(tf.cast(steps, tf.int64))
@@ -151,18 +153,23 @@ def _combine(parts: list[tuple[int, float, int]]) -> LoopResult:
 
 
 class TrainLoop:
-    """Runs training steps under a synchronous strategy (one_device, mirrored, multi_worker_mirrored)."""
+    """Runs training steps under a synchronous strategy (one_device, mirrored, multi_worker_mirrored, model_parallel).
+
+    The input comes from `data.SyncInput`: a plain iterator on the host, not TF's
+    distributed iterator, wherever each process has one replica or its replicas
+    are CPUs (the distributed iterator costs ~2x the CPU per batch there).
+    """
 
     def __init__(self, strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
                  steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False,
                  step_fn: Callable | None = None):
         self.strategy = strategy
         self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
-        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn)
-        dataset = strategy.distribute_datasets_from_function(
-            tf.autograph.experimental.do_not_convert(
-                lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
-        self._iterator = iter(dataset)
+        self.input = data_lib.SyncInput(strategy, tf.autograph.experimental.do_not_convert(
+            lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
+        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn, self.input.next_batch)
+        self._iterator = self.input.iterator
+        logging.info("training input: %s", self.input.describe())
 
     @property
     def steps_per_loop(self) -> int:
