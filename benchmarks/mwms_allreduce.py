@@ -76,6 +76,7 @@ STEP_VARIANTS = ("train_step", "local_step")
 RAW_GROUP_KEY = 1_000_001
 BARRIER_GROUP_KEY = 1_000_002
 RESULT_PREFIX = "RESULT "
+TARGET_LOCAL_FACTOR = 1.2  # a worker's step <= this x the local step + the gradient all-reduce
 
 DESCRIPTIONS = {
     "train_step": "TrainLoop under multi_worker_mirrored, steps_per_loop={spl}",
@@ -529,6 +530,17 @@ def analyse(w0: dict, w1: dict | None, cfg: dict) -> dict:
             ar_share = [x / y for x, y in zip(per["allreduce"], a)]
             ratios["allreduce_share_of_step"] = {"median": statistics.median(ar_share), "min": min(ar_share),
                                                  "max": max(ar_share)}
+            # Issue 11's budget: a worker's step may cost 1.2x the local step plus the gradient all-reduce.
+            budget = [TARGET_LOCAL_FACTOR * y + r for y, r in zip(d, per["allreduce"])]
+            over = _common.ratio_spread(a, budget)
+            budget_ms = 1e3 * statistics.median(budget)
+            ratios["train_step_over_budget"] = {"ratio_of_medians": a_ms / budget_ms, "paired": over,
+                                                "budget_ms": budget_ms}
+            figures.append(_common.figure(
+                f"MWMS step vs its budget: {TARGET_LOCAL_FACTOR} x local step + measured gradient all-reduce",
+                a_ms, "ms per step", baseline=f"{TARGET_LOCAL_FACTOR} x local_step + allreduce ({budget_ms:.3f} ms)",
+                ratio=a_ms / budget_ms, ratio_label="time ratio (MWMS step / budget)", repetitions=reps,
+                spread=[over["min"], over["max"]], target="<= 1.0", meets_target=a_ms / budget_ms <= 1.0))
     if "allreduce" in per:
         bw = [grad["bytes"] / t / 1e6 for t in per["allreduce"]]
         raw_bw = [grad["bytes"] / t / 1e6 for t in per[BASELINE]]

@@ -71,7 +71,9 @@ def test_mwms_allreduce_smoke(tmp_path):
         assert r["unit"] == ("step" if name in ("train_step", "local_step") else "all-reduce")
     assert payload["results"]["raw_collective"]["time_ratio_vs_raw_collective"] == 1.0
     assert {"allreduce_over_raw_collective", "train_step_over_local_step", "communication_ms_per_step",
-            "communication_share_of_step", "allreduce_share_of_step"} <= set(payload["ratios"])
+            "communication_share_of_step", "allreduce_share_of_step", "train_step_over_budget"} <= set(payload["ratios"])
+    (budget,) = [f for f in payload["figures"] if f["target"] == "<= 1.0"]
+    assert isinstance(budget["meets_target"], bool) and budget["ratio"] > 0
     assert payload["global_step"] == cfg["warmup_steps"] + min(cfg["warmup_steps"], cfg["steps_per_loop"]) \
         + cfg["repeats"] * cfg["steps"]
 
