@@ -13,6 +13,9 @@ import sys
 
 from absl import app, flags, logging
 
+from tfdist_trainer import errors
+from tfdist_trainer.errors import EXIT_CONFIG, EXIT_PEER_LOST
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeatable, later files win.")
@@ -32,12 +35,6 @@ flags.DEFINE_float("chief_gone_grace_s", 60.0,
                    "A serving task gives up on a chief that has been unreachable this long without marking "
                    "training done, and exits with the retryable code 201 (0: wait forever).")
 flags.DEFINE_float("evaluator_timeout_s", 3600.0, "The evaluator gives up after this long without a new checkpoint.")
-
-EXIT_CONFIG = 2   # the user's configuration or cluster is wrong
-EXIT_FAILED = 1   # training itself failed
-EXIT_PREEMPTED = 143  # SIGTERM, after a checkpoint: retryable under an ExitCode restart policy
-EXIT_PEER_LOST = 200  # a ps or peer worker died, or the chief's watchdog saw workers go silent: retryable
-EXIT_CHIEF_LOST = 201  # a serving ps/worker gave up on a vanished chief: retryable (128-255)
 
 
 def _fail(role: str, message: str, code: int, *, hard: bool = False) -> None:
@@ -100,7 +97,7 @@ def main(argv: list[str]) -> None:
         finally:
             if holder is not None:
                 holder.close()
-    except (cluster_lib.ClusterConfigError, ValueError) as e:
+    except errors.ConfigError as e:
         _fail(role, str(e), EXIT_CONFIG)
 
     # TensorFlow reads TF_CONFIG when the strategy is created: give it the normalized form.
@@ -124,23 +121,12 @@ def main(argv: list[str]) -> None:
             runner.run_evaluator(experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s)
         else:
             runner.run_training(experiment, cluster, FLAGS.model_dir)
-    except runner.NonFiniteLossError as e:
-        _fail(role, str(e), EXIT_FAILED)
-    except runner.Preempted as e:
-        _fail(role, str(e), EXIT_PREEMPTED)
-    except runner.ChiefLost as e:
-        _fail(role, f"{e}; exiting with code {EXIT_CHIEF_LOST} (retryable) so that a restart policy brings "
-                    f"this task back for the restarted chief.", EXIT_CHIEF_LOST)
-    except runner.ClusterStalledError as e:
-        _fail(role, f"{e}; exiting with code {EXIT_PEER_LOST} (retryable): a restart policy (OnFailure or "
-                    f"ExitCode) restarts the chief, which resumes from that checkpoint once the workers "
-                    f"answer again.", EXIT_PEER_LOST, hard=True)
+    except errors.TfdistError as e:  # the package's own errors: one sentence; anything else keeps its traceback
+        _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=e.hard_exit)
     except runner.PEER_LOST_ERRORS as e:
         first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]
         _fail(role, f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "
                     f"restart it and this task to resume from the last checkpoint.", EXIT_PEER_LOST)
-    except (ValueError, TimeoutError) as e:
-        _fail(role, str(e).strip().splitlines()[0], EXIT_FAILED)
 
 
 def run() -> None:

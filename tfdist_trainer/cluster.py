@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from tfdist_trainer.errors import ClusterConfigError  # noqa: F401  (re-exported)
 
 CHIEF = "chief"
 WORKER = "worker"
@@ -25,10 +26,6 @@ KNOWN_TASK_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
 
 # Kubeflow and older Estimator jobs spell some roles differently.
 _TASK_TYPE_ALIASES = {"master": CHIEF}
-
-
-class ClusterConfigError(ValueError):
-    """A cluster description a user gave us is wrong; the message names the fix."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,7 @@ import tokenize
 from collections.abc import Sequence
 
 import gin
-
-
-class ConfigError(ValueError):
-    """The gin files, bindings or modules given by the user are wrong."""
+from tfdist_trainer.errors import ConfigError
 
 
 def import_modules(modules: Sequence[str]) -> None:

@@ -21,15 +21,12 @@ from typing import TYPE_CHECKING, Any
 import gin
 from absl import logging
 
-from tfdist_trainer import loops
 from tfdist_trainer import storage
+from tfdist_trainer.errors import ConfigError, NonFiniteLossError, StorageError
 
 if TYPE_CHECKING:
+    from tfdist_trainer import loops
     from tfdist_trainer.runner import RunContext
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or Inf; no checkpoint holds that state."""
 
 
 class StopTraining(Exception):
@@ -68,6 +65,7 @@ class StopAtStep(Hook):
     """Stops when the global step reaches `last_step` (before train.train_steps)."""
 
     def __init__(self, last_step: int):
+        _check_positive_int("StopAtStep.last_step", last_step)
         self.every_n_steps = last_step
         self.last_step = last_step
 
@@ -84,6 +82,8 @@ class NanGuard(Hook):
     """
 
     def __init__(self, max_retries: int = 0):
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ConfigError(f"NanGuard.max_retries must be an integer >= 0, got {max_retries!r}.")
         self.max_retries = max_retries
         self.retries = 0
 
@@ -98,12 +98,16 @@ class NanGuard(Hook):
                             "(%d/%d)", result.loss, step, restored, self.retries, self.max_retries)
             run.checkpointer.restore()
             run.refresh_step()
+            run.take_train_metrics()  # the rolled-back steps must not count in the next record
             result.retried = True
             return
         kept = f"the last good checkpoint (step {restored}) is kept" if restored is not None else "no checkpoint was written"
+        retry = ("set NanGuard.max_retries to restore and retry" if not self.max_retries else
+                 f"raise NanGuard.max_retries (its {self.max_retries} used up)" if restored is not None else
+                 "checkpoint more often (NanGuard retries from a checkpoint)")
         raise NonFiniteLossError(
             f"the training loss became NaN or Inf at step {step}; {kept}. Lower the learning rate, "
-            f"check the data, or set NanGuard.max_retries to restore and retry.")
+            f"check the data, or {retry}.")
 
 
 @gin.configurable
@@ -114,18 +118,34 @@ class ProgressLogger(Hook):
         self.every_n_steps = every_n_steps
         self._last_time = None
         self._last_step = 0
+        self._loss_sum, self._loss_steps = 0.0, 0
 
     def begin(self, run):
         self._last_time, self._last_step = time.monotonic(), run.step
 
     def after_loop(self, run, result):
-        if getattr(result, "retried", False) or not (self._due(run.step) or run.step >= run.target_step):
+        if getattr(result, "retried", False):
+            # The rolled-back loop counts neither in the loss nor in the time of the next record.
+            self._last_time, self._last_step = time.monotonic(), run.step
+            self._loss_sum, self._loss_steps = 0.0, 0
             return
+        self._loss_sum += result.loss * result.steps
+        self._loss_steps += result.steps
+        if self._due(run.step) or run.step >= run.target_step:
+            self._report(run)
+
+    def end(self, run):
+        """A run stopped early (StopAtStep, EarlyStopping) still records its last steps."""
+        if run.step != self._last_step and self._loss_steps:
+            self._report(run)
+
+    def _report(self, run) -> None:
         now = time.monotonic()
         steps = max(run.step - self._last_step, 1)
         steps_per_s = steps / max(now - self._last_time, 1e-9)
         self._last_time, self._last_step = now, run.step
-        values = {"loss": result.loss, **run.take_train_metrics()}
+        values = {"loss": self._loss_sum / max(self._loss_steps, 1), **run.take_train_metrics()}
+        self._loss_sum, self._loss_steps = 0.0, 0
         eta = (run.target_step - run.step) / steps_per_s
         run.log_info("step %d/%d %s steps/s=%.1f examples/s=%.0f ETA=%.0fs%s", run.step, run.target_step,
                      _format(values), steps_per_s, steps_per_s * run.trainer.global_batch_size, eta,
@@ -144,9 +164,18 @@ class CheckpointHook(Hook):
     """Saves every N steps and/or every T seconds, and at the end."""
 
     def __init__(self, every_n_steps: int | None = 1000, every_n_seconds: float | None = None):
+        if every_n_steps is not None:
+            _check_positive_int("train.checkpoint_every_n_steps", every_n_steps)
+        if every_n_seconds is not None and (isinstance(every_n_seconds, bool) or
+                                            not isinstance(every_n_seconds, (int, float)) or every_n_seconds <= 0):
+            raise ConfigError(f"CheckpointHook.every_n_seconds must be a positive number of seconds or None, "
+                              f"got {every_n_seconds!r}.")
         self.every_n_steps = every_n_steps
         self.every_n_seconds = every_n_seconds
         self._last_time = time.monotonic()
+
+    def begin(self, run):
+        self._last_time = time.monotonic()  # the clock starts with training, not when gin built the hook
 
     def after_loop(self, run, result):
         by_time = bool(self.every_n_seconds) and time.monotonic() - self._last_time >= self.every_n_seconds
@@ -181,7 +210,7 @@ class EarlyStopping(Hook):
 
     def __init__(self, monitor: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0):
         if mode not in ("min", "max"):
-            raise ValueError(f"EarlyStopping.mode must be 'min' or 'max', got {mode!r}.")
+            raise ConfigError(f"EarlyStopping.mode must be 'min' or 'max', got {mode!r}.")
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
         self.best: float | None = None
         self.bad_evals = 0
@@ -192,7 +221,7 @@ class EarlyStopping(Hook):
             return
         self._seen_step = run.last_eval_step
         if self.monitor not in run.last_eval:
-            raise ValueError(f"EarlyStopping.monitor={self.monitor!r} is not an eval metric; "
+            raise ConfigError(f"EarlyStopping.monitor={self.monitor!r} is not an eval metric; "
                              f"choose one of {sorted(run.last_eval)}.")
         value = run.last_eval[self.monitor]
         better = self.best is None or (value < self.best - self.min_delta if self.mode == "min"
@@ -216,7 +245,13 @@ class ExportSavedModel(Hook):
         if not run.cluster.is_chief:
             return
         path = self.export_dir or storage.join(run.model_dir, "export", str(run.step))
-        run.export_saved_model(path)
+        import tensorflow as tf
+        try:
+            run.export_saved_model(path)
+        except (OSError, tf.errors.OpError) as e:
+            message = (getattr(e, "message", None) or str(e)).strip().splitlines()[0]
+            raise StorageError(f"ExportSavedModel could not write {path} ({message}); the checkpoint of step "
+                               f"{run.step} is saved; pick another ExportSavedModel.export_dir.") from None
 
 
 def default_hooks(*, log_every_n_steps: int, checkpoint_every_n_steps: int | None,
@@ -226,11 +261,19 @@ def default_hooks(*, log_every_n_steps: int, checkpoint_every_n_steps: int | Non
             CheckpointHook(every_n_steps=checkpoint_every_n_steps), EvalHook(every_n_steps=eval_every_n_steps)]
 
 
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}.")
+
+
 def as_hooks(values: Any) -> list[Hook]:
+    if isinstance(values, Hook) or isinstance(values, type):
+        raise ConfigError(f"train.extra_hooks must be a list, e.g. train.extra_hooks = [@EarlyStopping()], "
+                          f"got {values!r}.")
     hooks = []
     for value in values or ():
         hook = value() if isinstance(value, type) else value
         if not isinstance(hook, Hook):
-            raise ValueError(f"train.extra_hooks entries must be hooks such as @EarlyStopping(), got {value!r}.")
+            raise ConfigError(f"train.extra_hooks entries must be hooks such as @EarlyStopping(), got {value!r}.")
         hooks.append(hook)
     return hooks

@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from tfdist_trainer import errors
 from tfdist_trainer.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterConfig, ClusterConfigError
 
 FLAVORS = ("tfjob", "indexed")
@@ -49,14 +50,14 @@ JOB_LABEL = "tfdist-trainer/job"
 TYPE_LABEL = "tfdist-trainer/task-type"
 TFJOB_REPLICA_TYPES = {CHIEF: "Chief", WORKER: "Worker", PS: "PS", EVALUATOR: "Evaluator"}
 #: Exit codes Kubeflow's ExitCode policy treats as permanent (never retried): 1-127.
-PERMANENT_EXIT_CODES = list(range(1, 128))
+PERMANENT_EXIT_CODES = list(errors.PERMANENT_EXIT_CODES)
 #: tfdist-train flags that describe the cluster; on Kubernetes TF_CONFIG does.
 CLUSTER_FLAGS = ("job_name", "task_type", "task_index", "ps_hosts", "worker_hosts", "chief_host",
                  "evaluator_host")
 _ORDER = (CHIEF, WORKER, PS, EVALUATOR)
 
 
-class ManifestError(ValueError):
+class ManifestError(errors.ConfigError):
     """The manifest cannot be built from these settings; the message names the fix."""
 
 

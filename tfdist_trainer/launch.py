@@ -37,6 +37,7 @@ import time
 from absl import app, flags
 
 from tfdist_trainer import storage
+from tfdist_trainer.errors import EXIT_CONFIG, ConfigError, exit_code, is_retryable
 
 FLAGS = flags.FLAGS
 
@@ -81,9 +82,6 @@ flags.DEFINE_string("k8s_volume", None, "CLAIM:/mount/path: a PersistentVolumeCl
 #: The launcher's own flags that a launcher inside the private network gets again.
 _FORWARDED_FLAGS = ("num_workers", "num_ps", "evaluator", "host", "startup_timeout_s", "grace_s",
                     "restart_policy", "backoff_limit", "restart_backoff_s")
-
-EXIT_CONFIG = 2
-
 
 @dataclasses.dataclass
 class LocalTask:
@@ -156,21 +154,16 @@ class RestartPolicy:
 
     def __init__(self, name: str, backoff_limit: int):
         if name not in self.NAMES:
-            raise ValueError(f"--restart_policy must be one of {', '.join(self.NAMES)}, got {name!r}.")
+            raise ConfigError(f"--restart_policy must be one of {', '.join(self.NAMES)}, got {name!r}.")
         if backoff_limit < 0:
-            raise ValueError(f"--backoff_limit must be >= 0, got {backoff_limit}.")
+            raise ConfigError(f"--backoff_limit must be >= 0, got {backoff_limit}.")
         self.name = name
         self.backoff_limit = backoff_limit
 
     def retries(self, code: int) -> bool:
         if self.name == "Never" or code == 0:
             return False
-        return self.name == "OnFailure" or 128 <= code <= 255
-
-
-def exit_code(returncode: int) -> int:
-    """A shell-style exit code: killed by signal N reads 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
+        return self.name == "OnFailure" or is_retryable(code)
 
 
 class LocalCluster:
@@ -371,7 +364,7 @@ def _error(message: str) -> None:
 def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
     """--emit=k8s: writes the job's Kubernetes manifests; starts nothing."""
     from tfdist_trainer import k8s
-    from tfdist_trainer.config import ConfigError, load_experiment
+    from tfdist_trainer.config import load_experiment
     try:
         if FLAGS.num_workers < 0 or FLAGS.num_ps < 0:
             raise ConfigError("--num_workers and --num_ps must be >= 0.")
@@ -392,7 +385,7 @@ def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
             gpus=FLAGS.gpus, port=FLAGS.k8s_port, restart_policy=restart_policy,
             backoff_limit=FLAGS.backoff_limit, volume=FLAGS.k8s_volume,
             image_pull_policy=FLAGS.image_pull_policy)
-    except ValueError as e:  # ConfigError, ClusterConfigError and ManifestError are ValueErrors
+    except ConfigError as e:  # ClusterConfigError and ManifestError are ConfigErrors
         _error(str(e))
     text = k8s.to_yaml(objects) if FLAGS.k8s_format == "yaml" else k8s.to_json(objects)
     shared = settings.model_dir.startswith(("gs://", "s3://", "hdfs://")) or (
@@ -513,8 +506,7 @@ def main(argv: list[str]) -> None:
     if FLAGS.in_private_network:
         from tfdist_trainer import netns
         netns.bring_loopback_up()  # `ip netns add` set it up already; `unshare -n` did not
-    from tfdist_trainer.cluster import ClusterConfigError
-    from tfdist_trainer.config import ConfigError, load_experiment
+    from tfdist_trainer.config import load_experiment
     try:
         if FLAGS.num_workers < 0 or FLAGS.num_ps < 0:
             raise ConfigError("--num_workers and --num_ps must be >= 0.")
@@ -533,7 +525,7 @@ def main(argv: list[str]) -> None:
         except OSError as e:
             raise ConfigError(f"--model_dir {settings.model_dir} cannot be used as a directory ({e.strerror or e}); "
                               f"pick another path.") from None
-    except (ConfigError, ClusterConfigError, ValueError) as e:
+    except ConfigError as e:  # ClusterConfigError included
         print(f"[launch] error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
 

@@ -57,6 +57,7 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
+from tfdist_trainer.errors import ConfigError
 
 # SaveableObject/SaveSpec: the checkpoint API TF's own ShardedVariable uses to save slices of one tensor.
 _SaveableObject, _SaveSpec = tf_compat.saveable_classes()
@@ -79,11 +80,11 @@ class ShardLayout:
 
     def __post_init__(self):
         if self.partition_strategy not in PARTITION_STRATEGIES:
-            raise ValueError(f"partition_strategy must be 'div' or 'mod', got {self.partition_strategy!r}.")
+            raise ConfigError(f"partition_strategy must be 'div' or 'mod', got {self.partition_strategy!r}.")
         if self.vocab < 1:
-            raise ValueError(f"a sharded table needs at least one row, got {self.vocab}.")
+            raise ConfigError(f"a sharded table needs at least one row, got {self.vocab}.")
         if self.num_shards < 1:
-            raise ValueError(f"num_shards must be >= 1, got {self.num_shards}.")
+            raise ConfigError(f"num_shards must be >= 1, got {self.num_shards}.")
 
     def rows(self, shard: int) -> int:
         n, v = self.num_shards, self.vocab
@@ -423,9 +424,9 @@ def _resolve_num_shards(layer_name: str, vocab: int, num_shards: int | None, dev
     if num_shards is None:  # one per device (ps task), but never more than there are rows
         num_shards = min(vocab, len(devices) if devices else max(1, len(ps_devices())))
     if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-        raise ValueError(f"{layer_name}: num_shards must be a positive integer, got {num_shards!r}.")
+        raise ConfigError(f"{layer_name}: num_shards must be a positive integer, got {num_shards!r}.")
     if num_shards > vocab:
-        raise ValueError(f"{layer_name}: num_shards={num_shards} is larger than the table's {vocab} rows; "
+        raise ConfigError(f"{layer_name}: num_shards={num_shards} is larger than the table's {vocab} rows; "
                          f"use at most {vocab} shards (every shard needs at least one row).")
     return int(num_shards)
 
@@ -478,9 +479,9 @@ class ShardedEmbedding(_ShardedLayerMixin, keras.layers.Layer):
                  embeddings_initializer: Any = "uniform", unique: bool = True, **kwargs):
         super().__init__(**kwargs)
         if input_dim < 1 or output_dim < 1:
-            raise ValueError(f"{self.name}: input_dim and output_dim must be >= 1, got {input_dim} and {output_dim}.")
+            raise ConfigError(f"{self.name}: input_dim and output_dim must be >= 1, got {input_dim} and {output_dim}.")
         if partition_strategy not in PARTITION_STRATEGIES:
-            raise ValueError(f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}.")
+            raise ConfigError(f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}.")
         self.input_dim = int(input_dim)
         self.output_dim = int(output_dim)
         self.num_shards = num_shards
@@ -532,7 +533,7 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
                  use_bias: bool = True, num_sampled: int = 64, **kwargs):
         super().__init__(**kwargs)
         if partition_strategy not in PARTITION_STRATEGIES:
-            raise ValueError(f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}.")
+            raise ConfigError(f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}.")
         self.num_classes = int(num_classes)
         self.num_shards = num_shards
         self.partition_strategy = partition_strategy

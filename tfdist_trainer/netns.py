@@ -36,6 +36,7 @@ import struct
 import subprocess
 import time
 from collections.abc import Sequence
+from tfdist_trainer.errors import ConfigError
 
 PREFIX = "tfd-"
 _NAME_RE = re.compile(rf"^{PREFIX}[a-z0-9]+-(\d+)-[0-9a-f]+(?:-[a-z0-9]+)?$")
@@ -110,7 +111,7 @@ def private_network_method(requested: str = "auto") -> tuple[str, str | None]:
         return "auto", f"{reason}; and {fallback}"
     if requested == "unshare":
         return "unshare", unshare_unavailable_reason()
-    raise ValueError(f"unknown private network method {requested!r}; use auto, netns or unshare.")
+    raise ConfigError(f"unknown private network method {requested!r}; use auto, netns or unshare.")
 
 
 # -- this process's own namespace ------------------------------------------------

@@ -42,6 +42,7 @@ from typing import Any, Callable
 from tfdist_trainer import tf_compat
 from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
 from tfdist_trainer.variables import write_report  # noqa: F401  (strategies.py calls placement.write_report)
+from tfdist_trainer.errors import ConfigError
 
 AUTO = "auto"
 
@@ -68,7 +69,7 @@ def parse_plan(plan: Any, *, num_devices: int, knob: str = "model_parallel.plan"
     if isinstance(plan, str):
         if plan.lower() == AUTO:
             return AUTO
-        raise ValueError(f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
+        raise ConfigError(f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
                          f"(layer regex, device index) pairs, got {plan!r}.")
     if isinstance(plan, dict):
         pairs = list(plan.items())
@@ -76,28 +77,28 @@ def parse_plan(plan: Any, *, num_devices: int, knob: str = "model_parallel.plan"
         pairs = []
         for entry in plan:
             if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
-                raise ValueError(f"{knob} entries must be (layer regex, device index) pairs, got {entry!r}.")
+                raise ConfigError(f"{knob} entries must be (layer regex, device index) pairs, got {entry!r}.")
             pairs.append(tuple(entry))
     else:
-        raise ValueError(f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
+        raise ConfigError(f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
                          f"(layer regex, device index) pairs, got {plan!r}.")
     if not pairs:
-        raise ValueError(f"{knob} is empty; name at least one layer pattern, or use 'auto'.")
+        raise ConfigError(f"{knob} is empty; name at least one layer pattern, or use 'auto'.")
     rules = []
     for pattern, index in pairs:
         if not isinstance(pattern, str):
-            raise ValueError(f"{knob}: layer pattern {pattern!r} is not a string.")
+            raise ConfigError(f"{knob}: layer pattern {pattern!r} is not a string.")
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ValueError(f"{knob}: device index {index!r} for layer pattern {pattern!r} must be an "
+            raise ConfigError(f"{knob}: device index {index!r} for layer pattern {pattern!r} must be an "
                              f"integer >= 0.")
         if index >= num_devices:
-            raise ValueError(f"{knob} puts layer pattern {pattern!r} on device {index}, but "
+            raise ConfigError(f"{knob} puts layer pattern {pattern!r} on device {index}, but "
                              f"model_parallel.num_devices={num_devices} gives devices 0..{num_devices - 1}; "
                              f"raise num_devices or fix the plan.")
         try:
             rules.append(Rule(pattern, index))
         except re.error as e:
-            raise ValueError(f"{knob}: layer pattern {pattern!r} is not a valid regular expression ({e}).") from None
+            raise ConfigError(f"{knob}: layer pattern {pattern!r} is not a valid regular expression ({e}).") from None
     return rules
 
 
@@ -279,7 +280,7 @@ class Placement:
     def _assign(self) -> None:
         top = _children(self.model)
         if not top:
-            raise ValueError(f"model_parallel needs a model made of layers, but {self.model.name!r} has no "
+            raise ConfigError(f"model_parallel needs a model made of layers, but {self.model.name!r} has no "
                              f"sublayers; build it from layers (Sequential, functional, or sublayers of a Model).")
         if self.plan == AUTO:
             self.units = [Unit(layer.name, layer, None, None) for layer in top]
@@ -318,7 +319,7 @@ class Placement:
         unused = [rule.pattern for n, rule in enumerate(self.plan) if n not in used]
         if unused:
             names = ", ".join(repr(layer.name) for layer in top)
-            raise ValueError(f"model_parallel.plan pattern {unused[0]!r} matches no layer of model "
+            raise ConfigError(f"model_parallel.plan pattern {unused[0]!r} matches no layer of model "
                              f"{self.model.name!r} (its layers: {names}; nested layers as 'parent/child'); "
                              f"fix the pattern or remove it.")
         self.units = units
@@ -559,7 +560,7 @@ def make_train_step(trainer: Any, *, num_micro_batches: int, loss_device: str | 
     if overrides_train_step(trainer):
         name = type(trainer).__name__
         if num_micro_batches > 1:
-            raise ValueError(f"model_parallel.num_micro_batches={num_micro_batches} replaces Trainer.train_step, "
+            raise ConfigError(f"model_parallel.num_micro_batches={num_micro_batches} replaces Trainer.train_step, "
                              f"but {name} overrides train_step; set model_parallel.num_micro_batches = 1 or "
                              f"drop the override.")
         if log:

@@ -29,30 +29,18 @@ from tfdist_trainer import layers
 from tfdist_trainer import loops
 from tfdist_trainer import storage
 from tfdist_trainer import tf_compat
-from tfdist_trainer import watchdog
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import CHIEF, WORKER, ClusterConfig, is_listening
-from tfdist_trainer.hooks import NonFiniteLossError  # noqa: F401  (re-exported for the CLI)
 from tfdist_trainer.logs import MetricsRecord, Summaries
 from tfdist_trainer.strategies import OneDevice, StrategyConfig, as_strategy_config
 from tfdist_trainer.trainer import Trainer
+from tfdist_trainer.errors import ChiefLost, ClusterStalledError, ConfigError, EvaluatorTimeout, Preempted
 
 
 #: Errors that mean another task of the cluster is gone (a ps under parameter_server,
 #: a peer under multi_worker_mirrored); restarting the job from its checkpoint fixes them.
 PEER_LOST_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
                     tf.errors.DeadlineExceededError)
-
-
-class Preempted(Exception):
-    """SIGTERM arrived; a checkpoint was saved and the task should exit so it can be restarted."""
-
-
-class ChiefLost(Exception):
-    """A serving task saw the chief vanish before it marked training done (retryable)."""
-
-
-ClusterStalledError = watchdog.ClusterStalledError  # re-exported for the CLI
 
 
 @gin.configurable("train")
@@ -84,26 +72,26 @@ class Experiment:
                  extra_hooks: Sequence[Any] = (), seed: int | None = None, jit_compile: bool = False,
                  mixed_precision: str | None = None):
         if trainer_cls is None:
-            raise ValueError("train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer.")
+            raise ConfigError("train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer.")
         if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, Trainer)):
-            raise ValueError(f"train.trainer_cls must be a subclass of tfdist_trainer.Trainer, got {trainer_cls!r}.")
+            raise ConfigError(f"train.trainer_cls must be a subclass of tfdist_trainer.Trainer, got {trainer_cls!r}.")
         for name, value in (("train_steps", train_steps), ("log_every_n_steps", log_every_n_steps),
                             ("keep_checkpoints", keep_checkpoints)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"train.{name} must be a positive integer, got {value!r}.")
+                raise ConfigError(f"train.{name} must be a positive integer, got {value!r}.")
         if mixed_precision not in (None, "mixed_bfloat16", "mixed_float16"):
-            raise ValueError(f"train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16', "
+            raise ConfigError(f"train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16', "
                              f"got {mixed_precision!r}.")
         if steps_per_loop == "auto":
             steps_per_loop_value = None
         elif isinstance(steps_per_loop, str):
-            raise ValueError(f"train.steps_per_loop must be a positive integer, 'auto' or None, got {steps_per_loop!r}.")
+            raise ConfigError(f"train.steps_per_loop must be a positive integer, 'auto' or None, got {steps_per_loop!r}.")
         else:
             steps_per_loop_value = steps_per_loop
         for name, value in (("steps_per_loop", steps_per_loop_value), ("eval_every_n_steps", eval_every_n_steps),
                             ("checkpoint_every_n_steps", checkpoint_every_n_steps)):
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"train.{name} must be a positive integer or None, got {value!r}.")
+                raise ConfigError(f"train.{name} must be a positive integer or None, got {value!r}.")
         self.trainer_cls = trainer_cls
         self.strategy_config: StrategyConfig = as_strategy_config(strategy)
         self.train_steps = train_steps
@@ -320,7 +308,7 @@ def _write_operative_config(run: RunContext) -> None:
 STALL_SAVE_TIMEOUT_S = 60.0
 
 
-def _save_after_stall(run: RunContext, stalled: watchdog.ClusterStalledError, timeout_s: float) -> str:
+def _save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: float) -> str:
     """Saves what the finished closures counted when the cluster lets it; says what was kept.
 
     A save under parameter_server traces a new function, and TF registers every
@@ -360,13 +348,13 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
         config.prepare_devices()
         strategy = config.create(cluster)
     except RuntimeError as e:  # "cannot be modified after being initialized", "must be configured at startup"
-        raise ValueError(
+        raise ConfigError(
             f"TensorFlow was already running when the {config.name} strategy was set up ({str(e).strip()}); "
             f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
             f"into the Trainer's methods.") from None
     if experiment.jit_compile and (not config.supports_jit_compile or (
             strategy.num_replicas_in_sync > 1 and all("CPU" in d.upper() for d in strategy.extended.worker_devices))):
-        raise ValueError(
+        raise ConfigError(
             f"train.jit_compile=True cannot run {config.name} over several devices of one process: XLA puts "
             f"every step on one device, away from variables on the others; use it with one_device, or "
             f"mirrored / multi_worker_mirrored on GPUs.")
@@ -413,9 +401,12 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
         while run.step < run.target_step:
             try:
                 result = loop.train(run.next_loop_end(hooks) - run.step)
-            except watchdog.ClusterStalledError as stalled:
+            except ClusterStalledError as stalled:
                 saved = _save_after_stall(run, stalled, min(STALL_SAVE_TIMEOUT_S, config.stall_timeout_s))
-                raise watchdog.ClusterStalledError(f"{stalled}; {saved}", stalled.silent) from None
+                raise ClusterStalledError(
+                    f"{stalled}; {saved}; exiting with code {ClusterStalledError.exit_code} (retryable): a restart "
+                    f"policy (OnFailure or ExitCode) restarts the chief and the ps, which resume from the last "
+                    f"checkpoint once the workers answer again.", stalled.silent) from None
             run.refresh_step()
             for hook in hooks:
                 hook.after_loop(run, result)
@@ -467,7 +458,9 @@ def serve(cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, 
             gone_since = gone_since or now
             if chief_gone_grace_s > 0 and now - gone_since >= chief_gone_grace_s:
                 raise ChiefLost(f"the chief at {chief.address} has been unreachable for {now - gone_since:.0f}s "
-                                f"(--chief_gone_grace_s={chief_gone_grace_s:g}) and never marked training done")
+                                f"(--chief_gone_grace_s={chief_gone_grace_s:g}) and never marked training done; "
+                                f"exiting with code {ChiefLost.exit_code} (retryable) so that a restart policy "
+                                f"brings this task back for the restarted chief.")
         elif not up and now - last_note > 30:
             logging.info("waiting for the chief at %s", chief.address)
             last_note = now
@@ -486,7 +479,7 @@ def run_evaluator(experiment: Experiment, model_dir: str, *, timeout_s: float) -
     global_step, checkpoint = build_state(trainer, tf.distribute.get_strategy(), with_optimizer=False)
     evaluator = loops.EvalLoop(trainer, None, distributed=False)
     if not evaluator.enabled:
-        raise ValueError(f"{type(trainer).__name__}.build_eval_dataset returned None; the evaluator has nothing to do.")
+        raise ConfigError(f"{type(trainer).__name__}.build_eval_dataset returned None; the evaluator has nothing to do.")
     record = MetricsRecord(storage.join(model_dir, "eval", "metrics.jsonl"))
     summaries = Summaries(model_dir, enabled=True)
     tags = trainer_tags(trainer)
@@ -498,7 +491,7 @@ def run_evaluator(experiment: Experiment, model_dir: str, *, timeout_s: float) -
         if done is not None and done <= int(global_step.numpy()):
             return True
         if time.monotonic() - last_activity > timeout_s:
-            raise TimeoutError(f"no new checkpoint appeared in {model_dir} for {timeout_s:g}s before step "
+            raise EvaluatorTimeout(f"no new checkpoint appeared in {model_dir} for {timeout_s:g}s before step "
                                f"{experiment.train_steps}; is the chief running?")
         return False
 

@@ -22,6 +22,7 @@ import posixpath
 import threading
 import time
 import uuid
+from tfdist_trainer.errors import StorageError
 
 #: Schemes whose rename is a copy and a delete; an object written in one request is already atomic.
 _OBJECT_STORES = ("gs://", "s3://")
@@ -64,10 +65,6 @@ def local_path(path: str) -> str | None:
     if path.startswith("file://"):
         return path[len("file://"):]
     return None if "://" in path else path
-
-
-class StorageError(OSError):
-    """A path under model_dir cannot be used; `str()` is one sentence fragment (no traceback)."""
 
 
 @contextlib.contextmanager

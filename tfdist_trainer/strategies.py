@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import gin
 
 from tfdist_trainer.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterConfig, ClusterConfigError, TaskAddress
+from tfdist_trainer.errors import ConfigError
 
 if TYPE_CHECKING:  # TensorFlow is imported only once the cluster is known to be sane.
     import tensorflow as tf
@@ -125,7 +126,7 @@ class Mirrored(StrategyConfig):
 
     def __init__(self, devices: list[str] | None = None, num_logical_cpus: int = 2):
         if num_logical_cpus < 1:
-            raise ValueError(f"mirrored.num_logical_cpus must be >= 1, got {num_logical_cpus}.")
+            raise ConfigError(f"mirrored.num_logical_cpus must be >= 1, got {num_logical_cpus}.")
         self.devices = devices
         self.num_logical_cpus = num_logical_cpus
 
@@ -154,7 +155,7 @@ class MultiWorkerMirrored(StrategyConfig):
 
     def __init__(self, communication: str = "auto", collective_timeout_s: float | None = None):
         if communication.lower() not in ("auto", "ring", "nccl"):
-            raise ValueError(f"multi_worker_mirrored.communication must be auto, ring or nccl, got {communication!r}.")
+            raise ConfigError(f"multi_worker_mirrored.communication must be auto, ring or nccl, got {communication!r}.")
         self.communication = communication.lower()
         self.collective_timeout_s = collective_timeout_s
 
@@ -212,9 +213,9 @@ class ParameterServer(StrategyConfig):
         # No variable_partitioner: Keras 3 cannot differentiate the ShardedVariables it makes
         # (see DESIGN.md); large tables shard themselves instead (tfdist_trainer.layers).
         if isinstance(steps_per_loop, bool) or not isinstance(steps_per_loop, int) or steps_per_loop < 1:
-            raise ValueError(f"parameter_server.steps_per_loop must be an integer >= 1, got {steps_per_loop!r}.")
+            raise ConfigError(f"parameter_server.steps_per_loop must be an integer >= 1, got {steps_per_loop!r}.")
         if isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float)) or stall_timeout_s < 0:
-            raise ValueError(f"parameter_server.stall_timeout_s must be a number of seconds >= 0 (0: no watchdog), "
+            raise ConfigError(f"parameter_server.stall_timeout_s must be a number of seconds >= 0 (0: no watchdog), "
                              f"got {stall_timeout_s!r}.")
         self.default_steps_per_loop = steps_per_loop
         self.stall_timeout_s = float(stall_timeout_s)
@@ -271,7 +272,7 @@ def as_strategy_config(value: Any) -> StrategyConfig:
         made = value()
         if isinstance(made, StrategyConfig):
             return made
-    raise ValueError(
+    raise ConfigError(
         f"train.strategy must be one of @one_device, @mirrored, @multi_worker_mirrored, "
         f"@parameter_server, @model_parallel; got {value!r}."
     )
@@ -314,13 +315,13 @@ class ModelParallel(StrategyConfig):
         from tfdist_trainer import placement as placement_lib
 
         if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-            raise ValueError(f"model_parallel.num_devices must be an integer >= 1, got {num_devices!r}.")
+            raise ConfigError(f"model_parallel.num_devices must be an integer >= 1, got {num_devices!r}.")
         if isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1:
-            raise ValueError(f"model_parallel.num_micro_batches must be an integer >= 1, got {num_micro_batches!r}.")
+            raise ConfigError(f"model_parallel.num_micro_batches must be an integer >= 1, got {num_micro_batches!r}.")
         if data_parallel in (None, "none", "None"):
             data_parallel = None
         elif data_parallel != "multi_worker_mirrored":
-            raise ValueError(f"model_parallel.data_parallel must be None or 'multi_worker_mirrored', "
+            raise ConfigError(f"model_parallel.data_parallel must be None or 'multi_worker_mirrored', "
                              f"got {data_parallel!r}.")
         self.plan = placement_lib.parse_plan(plan, num_devices=num_devices)
         self.num_devices = num_devices
@@ -364,7 +365,7 @@ class ModelParallel(StrategyConfig):
                 for gpu in gpus:
                     tf.config.experimental.set_memory_growth(gpu, True)
             if len(gpus) < self.num_devices:
-                raise ValueError(f"model_parallel.num_devices={self.num_devices} but only {len(gpus)} GPU(s) are "
+                raise ConfigError(f"model_parallel.num_devices={self.num_devices} but only {len(gpus)} GPU(s) are "
                                  f"visible; lower num_devices or make more GPUs visible.")
             return
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -385,7 +386,7 @@ class ModelParallel(StrategyConfig):
             strategy = tf.distribute.get_strategy()
             local = tf.config.list_logical_devices(kind)
             if len(local) < self.num_devices:
-                raise ValueError(f"model_parallel.num_devices={self.num_devices} but this process has only "
+                raise ConfigError(f"model_parallel.num_devices={self.num_devices} but this process has only "
                                  f"{len(local)} {kind} device(s); lower num_devices.")
             self._devices = [d.name for d in local[:self.num_devices]]
             self._host_device = tf.config.list_logical_devices("CPU")[0].name
@@ -422,7 +423,7 @@ class ModelParallel(StrategyConfig):
     def prepare_model(self, model):
         from tfdist_trainer import placement as placement_lib
         if self._devices is None:
-            raise ValueError("model_parallel.prepare_model ran before create(); the runner must create the "
+            raise ConfigError("model_parallel.prepare_model ran before create(); the runner must create the "
                              "strategy first.")
         self._placement = placement_lib.Placement(model, self.plan, self._devices, host_device=self._host_device,
                                                   log=self._log)
@@ -433,7 +434,7 @@ class ModelParallel(StrategyConfig):
         from tfdist_trainer import placement as placement_lib
         placement = self._placement
         if placement is None or placement.model is not trainer.model:
-            raise ValueError("model_parallel.train_step_fn needs the model prepared by model_parallel.prepare_model.")
+            raise ConfigError("model_parallel.train_step_fn needs the model prepared by model_parallel.prepare_model.")
         if not placement.finalized:  # the model was never called eagerly: place it now (before any step)
             placement.finalize()
         for path, actual, wanted in placement.misplaced():

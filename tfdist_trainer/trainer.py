@@ -15,6 +15,7 @@ from typing import Any
 import gin
 import keras
 import tensorflow as tf
+from tfdist_trainer.errors import ConfigError
 
 
 @gin.configurable
@@ -35,7 +36,7 @@ class Trainer:
 
     def __init__(self, *, global_batch_size: int = 64, eval_batch_size: int | None = None):
         if global_batch_size < 1:
-            raise ValueError(f"Trainer.global_batch_size must be >= 1, got {global_batch_size}.")
+            raise ConfigError(f"Trainer.global_batch_size must be >= 1, got {global_batch_size}.")
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size or global_batch_size
         # Attached by the runner (tfdist_trainer.runner.build_state) under the strategy scope.
@@ -107,7 +108,7 @@ class Trainer:
         """This replica's share of `global_batch_size`; names the problem when it does not divide."""
         replicas = input_context.num_replicas_in_sync
         if self.global_batch_size % replicas:
-            raise ValueError(
+            raise ConfigError(
                 f"Trainer.global_batch_size={self.global_batch_size} is not divisible by the "
                 f"{replicas} replicas in sync; pick a multiple of {replicas}."
             )
@@ -121,7 +122,7 @@ class Trainer:
         """
         per_example_loss = tf.convert_to_tensor(per_example_loss)
         if per_example_loss.shape.rank not in (None, 1):
-            raise ValueError(
+            raise ConfigError(
                 f"{type(self).__name__}.compute_loss must return one loss per example (shape [batch]), "
                 f"got shape {per_example_loss.shape}."
             )

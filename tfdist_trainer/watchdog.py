@@ -21,14 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfdist_trainer import tf_compat
-
-
-class ClusterStalledError(Exception):
-    """No scheduled closure finished within the deadline; `silent` names the stuck workers."""
-
-    def __init__(self, message: str, silent: Sequence[int]):
-        super().__init__(message)
-        self.silent = list(silent)
+from tfdist_trainer.errors import ClusterStalledError
 
 
 def wait_for_closures(coordinator: Any, remote_values: Sequence[Any], *, timeout_s: float,

@@ -1,0 +1,91 @@
+"""The errors a task can end with, and the exit code each one means. Imports nothing heavy.
+
+Every error the package raises on purpose is a `TfdistError`: its message is
+one sentence that names the fix, and `tfdist-train` prints it without a
+traceback and exits with its `exit_code`. Anything else (a bug in a user's
+Trainer, say) keeps its full traceback.
+
+Exit codes follow Kubeflow's ExitCode restart policy: 1-127 are permanent
+(restarting cannot help), 128-255 are retryable (a signal, a preemption, a
+lost peer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+EXIT_FAILED = 1        # training itself failed (NaN loss, a bug)
+EXIT_CONFIG = 2        # the user's configuration or cluster is wrong
+EXIT_PREEMPTED = 143   # SIGTERM, after a checkpoint
+EXIT_PEER_LOST = 200   # a ps or peer worker died, or the parameter_server chief's watchdog saw workers go silent
+EXIT_CHIEF_LOST = 201  # a serving ps/worker gave up on a chief that vanished without marking training done
+
+#: Exit codes no restart can fix; every other non-zero code is worth a restart.
+PERMANENT_EXIT_CODES = range(1, 128)
+
+
+def is_retryable(code: int) -> bool:
+    """Whether a restart may help a task that exited with `code` (Kubeflow's ExitCode rule: 128-255)."""
+    return 128 <= code <= 255
+
+
+def exit_code(returncode: int) -> int:
+    """A shell-style exit code from a Popen returncode: killed by signal N reads 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class TfdistError(Exception):
+    """Base of the package's own errors: a one-sentence message and the task's exit code."""
+
+    exit_code: int = EXIT_FAILED
+    #: End the process without interpreter shutdown (threads blocked in TF would keep it alive).
+    hard_exit: bool = False
+
+
+class ConfigError(TfdistError, ValueError):
+    """The gin configuration, a flag or a module given by the user is wrong."""
+
+    exit_code = EXIT_CONFIG
+
+
+class ClusterConfigError(ConfigError):
+    """The cluster description (TF_CONFIG or the classic flags) cannot work."""
+
+
+class StorageError(TfdistError, OSError):
+    """A path under model_dir cannot be used; the message is one sentence fragment."""
+
+
+class NonFiniteLossError(TfdistError, RuntimeError):
+    """The loss became NaN or Inf; no checkpoint holds that state."""
+
+
+class EvaluatorTimeout(TfdistError, TimeoutError):
+    """The evaluator side-car saw no new checkpoint for too long."""
+
+
+class Preempted(TfdistError):
+    """SIGTERM arrived; a checkpoint was saved and the task exits so that it can be restarted."""
+
+    exit_code = EXIT_PREEMPTED
+
+
+class ChiefLost(TfdistError):
+    """A serving task saw the chief vanish before it marked training done."""
+
+    exit_code = EXIT_CHIEF_LOST
+
+
+class ClusterStalledError(TfdistError):
+    """No scheduled closure finished within the deadline; `silent` names the stuck workers.
+
+    The task must end without interpreter shutdown: TF threads blocked on the
+    silent peer would keep the process alive forever.
+    """
+
+    exit_code = EXIT_PEER_LOST
+    hard_exit = True
+
+    def __init__(self, message: str, silent: Sequence[int]):
+        super().__init__(message)
+        self.silent = list(silent)
