@@ -250,3 +250,29 @@ def test_multi_worker_mirrored_worker_whose_peer_never_starts(model_dir, tmp_pat
     # worker:0 held its own port while it waited; it must be free again.
     from tfdist_trainer.cluster import port_is_free
     assert port_is_free(int(cluster["worker"][0].rsplit(":", 1)[1]))
+
+
+# -- a bug in the user's own code ------------------------------------------------------------
+
+BUGGY_MODULE = '''
+import gin
+from recipes.mnist.trainer import MnistTrainer
+
+
+@gin.configurable
+class BuggyTrainer(MnistTrainer):
+    def build_model(self):
+        raise ValueError("boom in the user's build_model")
+'''
+
+
+def test_a_bug_in_user_code_keeps_its_traceback(model_dir, tmp_path):
+    """Not one of the package's own errors: the user needs the traceback into their code, not one line."""
+    (tmp_path / "buggy_trainer.py").write_text(BUGGY_MODULE)
+    env = base_env({"PYTHONPATH": os.pathsep.join([str(tmp_path), base_env()["PYTHONPATH"]])})
+    r = run(train_cmd(*_mnist("one_device", model_dir), "--module=buggy_trainer",
+                      "--gin_bindings=train.trainer_cls=@BuggyTrainer"), env=env, timeout=120)
+    assert r.returncode == 1, r.stdout[-4000:]
+    assert "Traceback (most recent call last)" in r.stdout, r.stdout[-4000:]
+    assert 'buggy_trainer.py", line 9, in build_model' in r.stdout, r.stdout[-4000:]
+    assert "ValueError: boom in the user's build_model" in r.stdout, r.stdout[-4000:]
