@@ -1,4 +1,4 @@
-"""model_parallel throughput: pipelined vs unpipelined, on 2 and 4 devices, side by side in one process.
+"""model_parallel throughput: pipelined vs unpipelined, on 2 and 4 devices, each variant in its own process.
 
     python -m benchmarks.model_parallel [--devices=2,4] [--micro_batches=4] [--steps=10] [--repeats=3]
                                         [--num_layers=4] [--d_model=128] [--seq_len=128] [--batch_size=32]
@@ -6,7 +6,8 @@
 
 The model is recipes/model_parallel_lm's byte-level Transformer LM
 (TransformerLMTrainer, Adam, on this repository's own Markdown and Python).
-Variants, each with its own identically seeded model, all in this process:
+Variants, each with its own identically seeded model, each in its own process
+(benchmarks._common.VariantProcesses; the logical CPUs a variant needs are made there):
 
   one_device            the model whole on one device (strategies.OneDevice): the reference
   mp{D}                 model_parallel over D devices, plan 'auto', num_micro_batches=1
@@ -19,9 +20,9 @@ call of `--steps` steps). Without GPUs the devices are logical CPUs made from
 the one physical CPU: they share its cores, so model parallelism cannot add
 compute here; what pipelining can add is overlap (TF's executor runs ready ops
 of different stages at once). Each variant first runs one untimed call
-(tracing) and, once all are built, one more (the first call of a function
-after other functions were traced is slow again); the timed repetitions are interleaved round by round, rotating the
-order, so load drifts hit every variant alike. Ratios are paired per round.
+(tracing); the timed repetitions are interleaved round by round across the
+processes, rotating the order, so load drifts hit every variant alike. Ratios
+are paired per round.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from benchmarks import _common
 
@@ -52,7 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for model_parallel.json")
     p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.smoke:
         args.steps, args.repeats = 3, 1
         args.num_layers, args.d_model, args.num_heads, args.seq_len, args.batch_size = 2, 16, 2, 16, 8
@@ -65,64 +67,69 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    _common.quiet_tensorflow()
-    sys.path.insert(0, _common.REPO)
-    from tfdist_trainer.strategies import ModelParallel, OneDevice
-
-    # Logical CPUs (or the GPUs) for the largest device count, before TensorFlow starts.
-    ModelParallel(num_devices=max(args.devices), placement_file=None).prepare_devices()
-
-    import keras
-    import tensorflow as tf
-    from recipes.model_parallel_lm.trainer import TransformerLMTrainer
-    from tfdist_trainer import loops, runner
-    from tfdist_trainer.cluster import ClusterConfig
-
-    tf.get_logger().setLevel("ERROR")  # each variant traces its own loop: not a retracing problem
-    data_glob = [os.path.join(_common.REPO, "*.md"), os.path.join(_common.REPO, "tfdist_trainer", "*.py")]
+def _variants(args) -> dict[str, dict]:
     variants: dict[str, dict] = {BASELINE: {"devices": 1, "micro_batches": 1}}
     for d in args.devices:
         variants[f"mp{d}"] = {"devices": d, "micro_batches": 1}
         variants[f"mp{d}_pipelined"] = {"devices": d, "micro_batches": args.micro_batches}
+    return variants
 
-    loops_by_name = {}
-    for name, spec in variants.items():
+
+def serve(args: argparse.Namespace) -> None:
+    """A child process: one variant, its logical CPUs (or GPUs) made before TensorFlow starts."""
+    _common.quiet_tensorflow()
+    sys.path.insert(0, _common.REPO)
+    from tfdist_trainer.strategies import ModelParallel, OneDevice
+
+    spec = _variants(args)[args.variant_process]
+    if spec["devices"] == 1:
+        config = OneDevice()
+    else:
+        config = ModelParallel(plan="auto", num_devices=spec["devices"], num_micro_batches=spec["micro_batches"],
+                               placement_file=None)
+        config.prepare_devices()
+
+    def build():
+        import keras
+        import tensorflow as tf
+        from recipes.model_parallel_lm.trainer import TransformerLMTrainer
+        from tfdist_trainer import loops, runner
+        from tfdist_trainer.cluster import ClusterConfig
+
+        tf.get_logger().setLevel("ERROR")
         keras.utils.set_random_seed(args.seed)
-        if spec["devices"] == 1:
-            config = OneDevice()
-        else:
-            config = ModelParallel(plan="auto", num_devices=spec["devices"], num_micro_batches=spec["micro_batches"],
-                                   placement_file=None)
+        data_glob = [os.path.join(_common.REPO, "*.md"), os.path.join(_common.REPO, "tfdist_trainer", "*.py")]
         strategy = config.create(ClusterConfig(cluster={}))
         trainer = TransformerLMTrainer(data_glob=data_glob, seq_len=args.seq_len, num_layers=args.num_layers,
                                        d_model=args.d_model, num_heads=args.num_heads, d_ff=4 * args.d_model,
                                        global_batch_size=args.batch_size, data_seed=args.seed)
         global_step, _ = runner.build_state(trainer, strategy, strategy_config=config)
         loop = loops.TrainLoop(strategy, trainer, global_step, args.steps, step_fn=config.train_step_fn(trainer))
-        start = time.perf_counter()
-        loop.train(args.steps)  # tracing and the first steps, untimed
-        spec["warmup_s"] = time.perf_counter() - start
-        if spec["devices"] > 1:
-            spec["bytes_per_device"] = [d["bytes"] for d in config._placement.per_device()]
-        loops_by_name[name] = loop
-        print(f"[{NAME}] {name}: built and warmed up in {spec['warmup_s']:.1f}s", flush=True)
 
+        def run(steps: int) -> float:
+            return _common.loss_value(loop.train(steps))
+        run.info = dict(spec)
+        if spec["devices"] > 1:
+            run.info["bytes_per_device"] = [d["bytes"] for d in config._placement.per_device()]
+        return run
+    _common.serve_variant(build, args.steps)  # tracing and the first steps, untimed
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.variant_process:
+        serve(args)
+        return 0
+    variants = _variants(args)
     names = list(variants)
-    # One more untimed call each once all are built: the first call of a function after others were
-    # traced is slow again (seen: 2.8 s instead of 0.02 s), which would favour the last variant built.
+    procs = _common.VariantProcesses(f"benchmarks.{NAME}", names, args.argv, NAME)
+    try:
+        times, losses = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
+    finally:
+        procs.close()
     for name in names:
-        loops_by_name[name].train(args.steps)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    losses: dict[str, float] = {}
-    for r in range(args.repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            start = time.perf_counter()
-            result = loops_by_name[name].train(args.steps)
-            times[name].append(time.perf_counter() - start)
-            losses[name] = _common.loss_value(result)
+        variants[name].update({k: v for k, v in procs.info[name].items() if k != "warmup_result"},
+                              warmup_s=procs.info[name]["build_and_warmup_s"])
 
     results = {}
     for name in names:
@@ -165,7 +172,7 @@ def main(argv: list[str]) -> int:
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.model_parallel", *sys.argv[1:]]),
         "baseline": BASELINE,
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "argv", "variant_process")},
         "environment": _common.environment(),
         "results": results,
         "summary": summary,
