@@ -105,12 +105,12 @@ def trainer_loop(strategy_config, pool, *, batch_size: int, filters, dense_units
     """
     import keras
 
-    from tfdist_trainer import loops, runner
+    from tfdist_trainer import loops, state as state_lib
 
     keras.utils.set_random_seed(seed)
     trainer = bench_trainer_cls()(pool=pool, global_batch_size=batch_size, filters=filters, dense_units=dense_units)
     strategy = strategy_config.create(None)
-    global_step, _ = runner.build_state(trainer, strategy)
+    global_step, _ = state_lib.build_state(trainer, strategy)
     size = loops.StepsPerLoopTuner() if steps_per_loop == "auto" else steps_per_loop
     kwargs = {"jit_compile": True} if jit_compile else {}
     loop = loops.TrainLoop(strategy, trainer, global_step, size, **kwargs)

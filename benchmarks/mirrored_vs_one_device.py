@@ -6,7 +6,7 @@
 Each variant in its own process (benchmarks._common.VariantProcesses); the
 mirrored one split into `--num_logical_cpus` logical CPU devices the way the
 `mirrored` strategy does it without a GPU (strategies.Mirrored.prepare_devices).
-Both variants run the library's own path (runner.build_state + loops.TrainLoop)
+Both variants run the library's own path (state.build_state + loops.TrainLoop)
 on the MNIST recipe's model with the same global batch:
 
   one_device   the baseline: strategies.OneDevice on /cpu:0

@@ -17,7 +17,7 @@ with its shuffle seeded by the repetition's seed, so both variants see the same
 batches) and evaluate on the same test split every --eval_every steps, until
 the first evaluation at or above --target_accuracy (or --max_steps):
 
-  trainer       the library's one_device path: runner.build_state, then loops.TrainLoop with
+  trainer       the library's one_device path: state.build_state, then loops.TrainLoop with
                 steps_per_loop = --eval_every and loops.EvalLoop after every loop
   fit_default   the baseline, as a Keras user writes it: model.compile with Keras defaults
                 (steps_per_execution=1, jit_compile='auto'), then one model.fit(epochs=max_steps/eval_every,
@@ -209,14 +209,14 @@ def _outcome(evals, train_s, eval_s, first_segment_s, wall_s, reached_at, target
 def run_trainer(args, data, seed: int, max_steps: int, target: float) -> dict[str, Any]:
     import keras
 
-    from tfdist_trainer import loops, runner
+    from tfdist_trainer import loops, state as state_lib
     from tfdist_trainer.strategies import OneDevice
 
     keras.utils.set_random_seed(seed)
     trainer = make_trainer(args, data, seed)
     strategy = OneDevice().create(None)
     t_build = time.perf_counter()
-    global_step, _ = runner.build_state(trainer, strategy)      # model, optimizer, metrics (≈ fit's compile)
+    global_step, _ = state_lib.build_state(trainer, strategy)      # model, optimizer, metrics (≈ fit's compile)
     t0, cpu0 = time.perf_counter(), time.process_time()
     loop = loops.TrainLoop(strategy, trainer, global_step, args.eval_every)
     evaluator = None

@@ -13,7 +13,7 @@ Variants, each with its own identically seeded model, each in its own process
   mp{D}                 model_parallel over D devices, plan 'auto', num_micro_batches=1
   mp{D}_pipelined       the same with num_micro_batches=--micro_batches (GPipe schedule)
 
-Each is the library's own path: runner.build_state under the strategy (the
+Each is the library's own path: state.build_state under the strategy (the
 ModelParallel config places the layers) and loops.TrainLoop with the
 config's train_step_fn, timed around ``loop.train(steps)`` (one tf.function
 call of `--steps` steps). Without GPUs the devices are logical CPUs made from
@@ -93,7 +93,7 @@ def serve(args: argparse.Namespace) -> None:
         import keras
         import tensorflow as tf
         from recipes.model_parallel_lm.trainer import TransformerLMTrainer
-        from tfdist_trainer import loops, runner
+        from tfdist_trainer import loops, state as state_lib
         from tfdist_trainer.cluster import ClusterConfig
 
         tf.get_logger().setLevel("ERROR")
@@ -103,7 +103,7 @@ def serve(args: argparse.Namespace) -> None:
         trainer = TransformerLMTrainer(data_glob=data_glob, seq_len=args.seq_len, num_layers=args.num_layers,
                                        d_model=args.d_model, num_heads=args.num_heads, d_ff=4 * args.d_model,
                                        global_batch_size=args.batch_size, data_seed=args.seed)
-        global_step, _ = runner.build_state(trainer, strategy, strategy_config=config)
+        global_step, _ = state_lib.build_state(trainer, strategy, strategy_config=config)
         loop = loops.TrainLoop(strategy, trainer, global_step, args.steps, step_fn=config.train_step_fn(trainer))
 
         def run(steps: int) -> float:

@@ -8,7 +8,7 @@ with ``--worker=<json>`` and the TF_CONFIG of a worker-only cluster. Each
 worker starts the way ``tfdist-train`` starts a multi_worker_mirrored worker
 (it holds its port while it waits for its peers, then builds the strategy with
 strategies.MultiWorkerMirrored), builds the MNIST recipe's model with
-runner.build_state under the strategy (global batch `--batch_size`, the
+state.build_state under the strategy (global batch `--batch_size`, the
 in-memory pool of benchmarks/_common.py), and times, interleaved round by
 round (rotating order, the same schedule on every worker, a collective
 barrier before each timed segment, untimed warm-up first):
@@ -218,7 +218,7 @@ def worker_main(cfg: dict) -> int:
     import tensorflow as tf
     from tensorflow.python.ops import collective_ops
 
-    from tfdist_trainer import loops, runner
+    from tfdist_trainer import loops, state as state_lib
 
     role, task_id, workers = cluster.role, cluster.task_id, cfg["num_workers"]
     load_start = os.getloadavg()[0]
@@ -240,7 +240,7 @@ def worker_main(cfg: dict) -> int:
 
     # (a) the library's train loop under multi_worker_mirrored.
     trainer = trainer_cls(pool=pool, global_batch_size=cfg["batch_size"], filters=filters, dense_units=dense)
-    global_step, _ = runner.build_state(trainer, strategy)
+    global_step, _ = state_lib.build_state(trainer, strategy)
     mwms_loop = loops.TrainLoop(strategy, trainer, global_step, cfg["steps_per_loop"])
     variables = trainer.model.trainable_variables
     tensors = [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype),
@@ -254,7 +254,7 @@ def worker_main(cfg: dict) -> int:
         local_strategy = OneDevice().create(None)
         local_trainer = trainer_cls(pool=pool, global_batch_size=cfg["batch_size"] // workers, filters=filters,
                                     dense_units=dense)
-        local_step, _ = runner.build_state(local_trainer, local_strategy)
+        local_step, _ = state_lib.build_state(local_trainer, local_strategy)
         local_loop = loops.TrainLoop(local_strategy, local_trainer, local_step, cfg["steps_per_loop"])
 
     # Inputs of the collectives, held in (local, non-distributed) variables so Grappler cannot fold them.

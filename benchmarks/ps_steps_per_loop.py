@@ -7,7 +7,7 @@ Starts a real cluster on 127.0.0.1: `--num_ps` ps and `--num_workers` worker
 tasks, each the library's own serving process (``python -m tfdist_trainer.cli``
 with TF_CONFIG, configs/mnist.gin + configs/strategies/parameter_server.gin),
 and makes *this* process the chief. The chief builds the MNIST recipe's model
-once (runner.build_state under ParameterServerStrategy) and one
+once (state.build_state under ParameterServerStrategy) and one
 `loops.ScheduledTrainLoop` per steps_per_loop value K -- the object the gin
 binding ``parameter_server.steps_per_loop = K`` gives `tfdist-train` -- all
 sharing the same variables, coordinator and workers. So every K is measured
@@ -104,7 +104,7 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
     _cluster.set_chief_env(cluster)
     import keras
 
-    from tfdist_trainer import loops, runner
+    from tfdist_trainer import loops, state as state_lib
     from tfdist_trainer.strategies import ParameterServer
 
     keras.utils.set_random_seed(args.seed)
@@ -114,7 +114,7 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
     coordinator = config.create_coordinator(strategy)
     trainer = _common.bench_trainer_cls()(pool=pool, global_batch_size=args.batch_size,
                                           filters=args.filters, dense_units=args.dense_units)
-    global_step, _ = runner.build_state(trainer, strategy)
+    global_step, _ = state_lib.build_state(trainer, strategy)
 
     configs = [(k, c) for c in args.steps_per_call for k in args.steps_per_loop]
     loop_of = {}

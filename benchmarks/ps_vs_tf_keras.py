@@ -19,7 +19,7 @@ Variants, each a chief process driving the same cluster layout (chief +
 being the library's serving processes, ``python -m tfdist_trainer.cli`` with
 configs/mnist.gin + configs/strategies/parameter_server.gin):
 
-- ``trainer``: this library -- runner.build_state and
+- ``trainer``: this library -- state.build_state and
   loops.ScheduledTrainLoop with ``parameter_server.steps_per_loop =
   --steps_per_loop`` (what ``tfdist-train`` runs), timed over
   ``loop.train(--steps_per_call)`` calls (tfdist-train: one per log interval);
@@ -239,7 +239,7 @@ def trainer_chief(spec_path: str) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tfdist_trainer import loops, runner
+    from tfdist_trainer import loops, state as state_lib
     from tfdist_trainer.strategies import ParameterServer
     import_s = time.perf_counter() - t_import
 
@@ -253,7 +253,7 @@ def trainer_chief(spec_path: str) -> dict:
     trainer = _common.bench_trainer_cls()(pool=pool, global_batch_size=spec["batch_size"],
                                           filters=tuple(spec["filters"]), dense_units=spec["dense_units"],
                                           learning_rate=spec["learning_rate"])
-    global_step, _ = runner.build_state(trainer, strategy)
+    global_step, _ = state_lib.build_state(trainer, strategy)
     loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, config.default_steps_per_loop,
                                     num_workers=spec["num_workers"])
     build_s = time.perf_counter() - t0

@@ -9,7 +9,7 @@ For each config, a real cluster starts on 127.0.0.1: `--num_ps` ps and
 (``python -m tfdist_trainer.cli`` with TF_CONFIG and
 configs/sharded_embedding/<config>.gin + configs/strategies/parameter_server.gin),
 and a chief process (this module, re-run with ``--chief``) that builds the
-recipe's state (`runner.build_state`, so the tables are created and placed as
+recipe's state (`state.build_state`, so the tables are created and placed as
 `tfdist-train` would) and times `loops.ScheduledTrainLoop.train` calls of
 ``--steps_per_call`` steps, after an untimed warm-up. Each config gets a fresh
 cluster so that the peak memory of its ps tasks is its own.
@@ -97,7 +97,7 @@ def chief_main(args: argparse.Namespace) -> None:
     import gin
     import numpy as np
 
-    from tfdist_trainer import layers, loops, runner
+    from tfdist_trainer import layers, loops, state as state_lib
     from tfdist_trainer.config import load_experiment
 
     bindings = [f"parameter_server.steps_per_loop={args.steps_per_loop}", *args.gin_bindings, *spec["bindings"]]
@@ -110,7 +110,7 @@ def chief_main(args: argparse.Namespace) -> None:
     trainer = experiment.trainer_cls(report_dir=None, step_report=False)
 
     t0 = time.perf_counter()
-    global_step, _ = runner.build_state(trainer, strategy)
+    global_step, _ = state_lib.build_state(trainer, strategy)
     build_s = time.perf_counter() - t0
     placement = layers.placement_records(trainer.model)
     print(layers.placement_table(trainer.model), flush=True)

@@ -3,7 +3,7 @@
     python -m benchmarks.steps_per_loop_auto [--fixed=1,10,100,1000] [--steps=1000] [--repeats=5]
                                              [--out=bench_out] [--smoke]
 
-Every variant is the library's own path (runner.build_state + loops.TrainLoop)
+Every variant is the library's own path (state.build_state + loops.TrainLoop)
 on the MNIST recipe's model. The fixed variants get ``steps_per_loop = K``;
 `auto` gets the `StepsPerLoopTuner` that ``train.steps_per_loop = 'auto'``
 gives tfdist-train. Warm-up is untimed: for fixed K a few calls (tracing),

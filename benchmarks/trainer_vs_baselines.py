@@ -8,7 +8,7 @@ loss, accuracy metric and data (an in-memory pool, normalized once, cached,
 repeated, batched, prefetched; no shuffle) for every variant, one_device,
 each variant in its own process:
 
-  trainer       the library's own path: runner.build_state + loops.TrainLoop(steps_per_loop=100)
+  trainer       the library's own path: state.build_state + loops.TrainLoop(steps_per_loop=100)
                 under strategies.OneDevice, timed around loop.train(steps)
   handwritten   the baseline: a plain tf.function running 100 steps per call (no strategy)
   fit_default   model.fit(steps_per_epoch=steps, epochs=1), Keras defaults (steps_per_execution=1,

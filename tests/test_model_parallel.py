@@ -230,7 +230,7 @@ def test_plan_naming_a_missing_device_fails_before_tensorflow(corpus, tmp_path):
 
 def test_plan_pattern_matching_no_layer_is_one_error(corpus, tmp_path):
     result = run_cli(*lm_args(corpus, str(tmp_path / "m"), "model_parallel.plan={'embed': 0, 'blocks_.*': 1}"))
-    assert_one_error_line(result, 1, "pattern 'blocks_.*' matches no layer", "'block_0'")
+    assert_one_error_line(result, 2, "pattern 'blocks_.*' matches no layer", "'block_0'")
 
 
 # -- gradients (a script), and multi_worker_mirrored workers (the launcher) ----------------------
@@ -240,7 +240,7 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
     import numpy as np
     from tfdist_trainer.cluster import ClusterConfig
     from tfdist_trainer.strategies import ModelParallel
-    from tfdist_trainer import placement as placement_lib, runner
+    from tfdist_trainer import placement as placement_lib, state as state_lib
 
     corpus = sys.argv[1]
     config = ModelParallel(plan="auto", num_devices=4, num_micro_batches=4, placement_file=None)
@@ -252,7 +252,7 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
     strategy = config.create(ClusterConfig(cluster={}))
     trainer = TransformerLMTrainer(data_glob=corpus, seq_len=16, num_layers=2, d_model=16, num_heads=2, d_ff=32,
                                    global_batch_size=8)
-    runner.build_state(trainer, strategy, strategy_config=config)
+    state_lib.build_state(trainer, strategy, strategy_config=config)
     config.train_step_fn(trainer)
     placement = config._placement
     loss_device = config._devices[placement.units[-1].index]

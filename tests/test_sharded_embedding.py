@@ -250,7 +250,7 @@ def test_click_trainer_on_criteo_files_in_process(tmp_path):
     """The recipe's Trainer end to end in this process: Criteo TSV in, placement report out, a step taken."""
     from recipes.sharded_embedding.trainer import ClickTrainer
     from tfdist_trainer import data as data_lib
-    from tfdist_trainer import runner
+    from tfdist_trainer import state as state_lib
 
     lines = [f"{i % 2}" + "".join(f"\t{(i * 7 + j) % 50}" for j in range(13))
              + "".join(f"\t{(i * 31 + j * 17) % 9973:08x}" for j in range(26)) for i in range(40)]
@@ -259,7 +259,7 @@ def test_click_trainer_on_criteo_files_in_process(tmp_path):
                            hidden_units=(8,), optimizer="sgd", learning_rate=0.1, data_source="criteo",
                            criteo_train_files=str(tmp_path / "*.tsv"), criteo_eval_files=str(tmp_path / "train.tsv"),
                            report_dir=str(tmp_path / "reports"), global_batch_size=8)
-    runner.build_state(trainer, tf.distribute.get_strategy())
+    state_lib.build_state(trainer, tf.distribute.get_strategy())
     assert len(layers.sharded_layers(trainer.model)) == 26
     assert all(len(layer.shards) == 3 for layer in layers.sharded_layers(trainer.model))
     placement = json.loads((tmp_path / "reports" / "placement.json").read_text())

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 import clusterlib
 from clusterlib import FAST_MNIST, PYTHON, base_env, launch_cmd, strategy_gin
-from tfdist_trainer import runner, storage
+from tfdist_trainer import markers, storage
 from tfdist_trainer.logs import MetricsRecord, read_records
 
 STEPS = 40
@@ -53,7 +53,7 @@ def _assert_run_complete(files: dict[str, str], output: str) -> None:
     assert any(r["kind"] == "eval" and r["step"] == STEPS for r in records), records
     assert files["config.gin"].startswith("# command:") and "train.train_steps" in files["config.gin"]
     assert "train.train_steps" in files["operative_config.gin"]
-    marker = json.loads(files[runner.DONE_FILE])
+    marker = json.loads(files[markers.DONE_FILE])
     assert marker["step"] == STEPS and marker["run_id"], marker
     assert not any(".tmp-" in name for name in files), f"a temporary file was left: {sorted(files)}"
 
@@ -147,22 +147,22 @@ def test_launcher_refuses_a_ram_model_dir(tmp_path):
 
 def test_done_marker_from_an_older_run_is_ignored(tmp_path):
     model_dir = f"file://{tmp_path}"
-    assert runner._done_run_id(model_dir) is None and runner._read_done(model_dir) is None
-    runner._mark_done(model_dir, 30)  # an older run finished at step 30
-    stale = runner._done_run_id(model_dir)  # what a serving task of the next run sees when it starts
-    assert stale and runner._read_done(model_dir) == 30
-    assert not runner._done_since(model_dir, stale)
-    runner._mark_done(model_dir, None)  # the restarted chief clears it
-    assert runner._read_done(model_dir) is None and not runner._done_since(model_dir, stale)
-    runner._mark_done(model_dir, 60)  # this run is done
-    assert runner._done_since(model_dir, stale) and runner._read_done(model_dir) == 60
-    assert runner._done_since(model_dir, None)  # a task that started after the clear
+    assert markers.done_run_id(model_dir) is None and markers.done_step(model_dir) is None
+    markers.mark_done(model_dir, 30)  # an older run finished at step 30
+    stale = markers.done_run_id(model_dir)  # what a serving task of the next run sees when it starts
+    assert stale and markers.done_step(model_dir) == 30
+    assert not markers.done_since(model_dir, stale)
+    markers.mark_done(model_dir, None)  # the restarted chief clears it
+    assert markers.done_step(model_dir) is None and not markers.done_since(model_dir, stale)
+    markers.mark_done(model_dir, 60)  # this run is done
+    assert markers.done_since(model_dir, stale) and markers.done_step(model_dir) == 60
+    assert markers.done_since(model_dir, None)  # a task that started after the clear
     # The marker holds an id and the step, not a time: the same step again is still a new marker.
-    runner._mark_done(model_dir, 60)
-    assert runner._done_since(model_dir, runner._done_run_id(model_dir)) is False
-    legacy = tmp_path / runner.DONE_FILE
+    markers.mark_done(model_dir, 60)
+    assert markers.done_since(model_dir, markers.done_run_id(model_dir)) is False
+    legacy = tmp_path / markers.DONE_FILE
     legacy.write_text("30")  # written by an older version: a step only
-    assert runner._read_done(model_dir) == 30 and runner._done_run_id(model_dir) == ""
+    assert markers.done_step(model_dir) == 30 and markers.done_run_id(model_dir) == ""
 
 
 def test_metrics_record_rewrites_and_keeps_history():

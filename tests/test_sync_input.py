@@ -54,7 +54,7 @@ import keras
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from tfdist_trainer import data as data_lib, loops, runner
+from tfdist_trainer import data as data_lib, loops, state as state_lib
 from tfdist_trainer.trainer import Trainer
 
 strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
@@ -90,7 +90,7 @@ class Tiny(Trainer):
         return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 trainer = Tiny(global_batch_size=32)
-global_step, _ = runner.build_state(trainer, strategy)
+global_step, _ = state_lib.build_state(trainer, strategy)
 loop = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop=20)
 first = loop.train(20).loss
 for _ in range(5):

@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Trainer": ("tfdist_trainer.trainer", "Trainer"),
-    "Experiment": ("tfdist_trainer.runner", "Experiment"),
+    "Experiment": ("tfdist_trainer.experiment", "Experiment"),
     "shard": ("tfdist_trainer.data", "shard"),
 }
 

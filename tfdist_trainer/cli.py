@@ -113,17 +113,19 @@ def main(argv: list[str]) -> None:
                     f"pick another path.", EXIT_CONFIG)
     logging.info("%s as %s under %s", action.value, role, strategy_config.name)
 
-    from tfdist_trainer import runner
+    from tfdist_trainer import controller
     try:
         if action.value == "serve":
-            runner.serve(cluster, FLAGS.model_dir, chief_gone_grace_s=FLAGS.chief_gone_grace_s)
+            from tfdist_trainer import server
+            server.serve(cluster, FLAGS.model_dir, chief_gone_grace_s=FLAGS.chief_gone_grace_s)
         elif action.value == "evaluate":
-            runner.run_evaluator(experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s)
+            from tfdist_trainer import evaluator
+            evaluator.run_evaluator(experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s)
         else:
-            runner.run_training(experiment, cluster, FLAGS.model_dir)
+            controller.run_training(experiment, cluster, FLAGS.model_dir)
     except errors.TfdistError as e:  # the package's own errors: one sentence; anything else keeps its traceback
         _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=e.hard_exit)
-    except runner.PEER_LOST_ERRORS as e:
+    except controller.PEER_LOST_ERRORS as e:
         first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]
         _fail(role, f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "
                     f"restart it and this task to resume from the last checkpoint.", EXIT_PEER_LOST)

@@ -70,11 +70,11 @@ def load_experiment(gin_files: Sequence[str], gin_bindings: Sequence[str], modul
     """Imports, parses and builds the gin-configured Experiment (``train.*``)."""
     check_gin_files(gin_files)
     # Registers the package's own configurables (strategies, Trainer) before parsing.
-    from tfdist_trainer import runner
+    from tfdist_trainer import experiment
     import_modules(modules)
     parse_gin(gin_files, gin_bindings)
     try:
-        return runner.Experiment()
+        return experiment.Experiment()
     except (ValueError, TypeError) as e:
         message = str(e).strip().splitlines()[0]
         raise ConfigError(message) from None

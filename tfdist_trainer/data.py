@@ -18,7 +18,7 @@ def shard(dataset: tf.data.Dataset, input_context: tf.distribute.InputContext) -
 
 
 def finish(dataset: tf.data.Dataset) -> tf.data.Dataset:
-    """The runner's last touch on every pipeline: prefetch so input overlaps the step."""
+    """The loops' last touch on every pipeline: prefetch so input overlaps the step."""
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

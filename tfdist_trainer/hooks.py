@@ -22,11 +22,12 @@ import gin
 from absl import logging
 
 from tfdist_trainer import storage
+from tfdist_trainer.logs import format_tags
 from tfdist_trainer.errors import ConfigError, NonFiniteLossError, StorageError
 
 if TYPE_CHECKING:
     from tfdist_trainer import loops
-    from tfdist_trainer.runner import RunContext
+    from tfdist_trainer.controller import RunContext
 
 
 class StopTraining(Exception):
@@ -54,10 +55,6 @@ class Hook:
 
 def _format(values: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in values.items())
-
-
-def format_tags(tags: dict[str, str]) -> str:
-    return "".join(f" [{k}: {v}]" for k, v in tags.items())
 
 
 @gin.configurable

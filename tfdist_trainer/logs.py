@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging as std_logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from absl import logging
 
@@ -101,3 +103,23 @@ class Summaries:
         with self._writer(name).as_default(step=step):
             tf.summary.text(tag, text)
         self._writer(name).flush()
+
+
+def format_tags(tags: dict[str, str]) -> str:
+    return "".join(f" [{k}: {v}]" for k, v in tags.items())
+
+
+def trainer_tags(trainer: Any) -> dict[str, str]:
+    """The Trainer's `record_tags` (a dict or a method returning one): added to every log line and record."""
+    tags = getattr(trainer, "record_tags", None)
+    return dict(tags() if callable(tags) else tags or {})
+
+
+def report_eval(metrics: dict[str, float], *, step: int, tags: dict[str, str], record: MetricsRecord,
+                summaries: Summaries, log: Callable[..., None], **extra: Any) -> dict[str, float]:
+    """Logs, records and summarizes one evaluation (inline or by the side-car); returns {eval_<name>: value}."""
+    values = {f"eval_{k}": v for k, v in metrics.items()}
+    log("eval at step %d: %s%s", step, " ".join(f"{k}={v:.4f}" for k, v in values.items()), format_tags(tags))
+    record.write(kind="eval", step=step, **extra, **values, **tags)
+    summaries.scalars("eval", step, metrics)
+    return values

@@ -152,6 +152,19 @@ def _combine(parts: list[tuple[int, float, int]]) -> LoopResult:
     return LoopResult(steps=steps, loss=loss, first_nonfinite_step=min(bad) if bad else None)
 
 
+def _train_dataset_fn(trainer: Trainer, context: tf.distribute.InputContext | None = None) -> Callable:
+    """The function from an InputContext to the Trainer's finished training pipeline.
+
+    `context`, when given, replaces the one TF passes (parameter_server: TF's
+    says "pipeline 0 of 1" on every worker). AutoGraph must not convert the
+    user's pipeline code: it is plain Python that builds a tf.data graph.
+    """
+    @tf.autograph.experimental.do_not_convert
+    def dataset_fn(tf_context):
+        return data_lib.finish(trainer.build_train_dataset(context or tf_context))
+    return dataset_fn
+
+
 class TrainLoop:
     """Runs training steps under a synchronous strategy (one_device, mirrored, multi_worker_mirrored, model_parallel).
 
@@ -165,8 +178,7 @@ class TrainLoop:
                  step_fn: Callable | None = None):
         self.strategy = strategy
         self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
-        self.input = data_lib.SyncInput(strategy, tf.autograph.experimental.do_not_convert(
-            lambda ctx: data_lib.finish(trainer.build_train_dataset(ctx))))
+        self.input = data_lib.SyncInput(strategy, _train_dataset_fn(trainer))
         self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn, self.input.next_batch)
         self._iterator = self.input.iterator
         logging.info("training input: %s", self.input.describe())
@@ -208,9 +220,7 @@ class ScheduledTrainLoop:
             # once, on the chief): the worker's index, bound when the dataset is made on each
             # worker, lets shard() give each worker its own share of the data.
             context = data_lib.worker_input_context(self.num_workers)
-            return strategy.distribute_datasets_from_function(
-                tf.autograph.experimental.do_not_convert(
-                    lambda _: data_lib.finish(trainer.build_train_dataset(context))))
+            return strategy.distribute_datasets_from_function(_train_dataset_fn(trainer, context))
 
         per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
         self._iterator = iter(per_worker)

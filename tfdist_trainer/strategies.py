@@ -183,14 +183,14 @@ class MultiWorkerMirrored(StrategyConfig):
 
     def create(self, cluster):
         import tensorflow as tf
-        implementation = {
-            "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-        }[self.communication]
-        options = tf.distribute.experimental.CommunicationOptions(
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=self.communication_options())
+
+    def communication_options(self) -> "tf.distribute.experimental.CommunicationOptions":
+        """The all-reduce implementation and timeout, from multi_worker_mirrored.* in gin."""
+        import tensorflow as tf
+        implementation = getattr(tf.distribute.experimental.CommunicationImplementation, self.communication.upper())
+        return tf.distribute.experimental.CommunicationOptions(
             implementation=implementation, timeout_seconds=self.collective_timeout_s)
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
 @gin.configurable("parameter_server")
@@ -403,14 +403,8 @@ class ModelParallel(StrategyConfig):
         one_replica = tf.distribute.cluster_resolver.SimpleClusterResolver(
             resolver.cluster_spec(), task_type=resolver.task_type, task_id=resolver.task_id,
             rpc_layer=resolver.rpc_layer or "grpc", num_accelerators={"GPU": 1} if kind == "GPU" else {})
-        implementation = {
-            "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-            "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-            "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-        }[self._workers.communication]
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=implementation, timeout_seconds=self._workers.collective_timeout_s)
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=one_replica, communication_options=options)
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=one_replica,
+                                                         communication_options=self._workers.communication_options())
 
     # -- the model and the step ------------------------------------------------------------
     def _log(self, line: str) -> None:

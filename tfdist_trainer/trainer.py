@@ -39,7 +39,7 @@ class Trainer:
             raise ConfigError(f"Trainer.global_batch_size must be >= 1, got {global_batch_size}.")
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size or global_batch_size
-        # Attached by the runner (tfdist_trainer.runner.build_state) under the strategy scope.
+        # Attached by the runner (tfdist_trainer.state.build_state) under the strategy scope.
         self.model: keras.Model | None = None
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.train_metrics: list[keras.metrics.Metric] = []

@@ -5,7 +5,7 @@ for good (no packets, no reset), the closure in flight on it never finishes
 and never fails, and `ClusterCoordinator.join()` waits forever: the job
 hangs silently. The watchdog waits for the scheduled closures itself; when
 none has finished for `timeout_s`, it raises `ClusterStalledError` naming the
-workers whose closure is stuck, and the runner saves a checkpoint and exits
+workers whose closure is stuck, and the controller saves a checkpoint and exits
 with a retryable code, so that a restart policy resumes the job.
 
 Which worker holds a closure, and whether a closure has finished, are not

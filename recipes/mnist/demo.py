@@ -46,7 +46,7 @@ def _shown(line: str) -> str | None:
     """The part of a task's line worth showing in the demo (progress, eval, errors), or None."""
     if FLAGS.verbose:
         return line
-    if "runner.py" in line or "error" in line.lower() or "[launch] job" in line:
+    if "controller.py" in line or "error" in line.lower() or "[launch] job" in line:
         return _ABSL_PREFIX.sub(r"\1 ", line)
     return None
 
