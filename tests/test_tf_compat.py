@@ -104,7 +104,9 @@ def test_variable_storage_is_the_stored_float32_variable_under_mixed_precision(m
     assert value_dtype == tf.float16, "Keras no longer autocasts `value` in a call (variable_storage could go)"
     assert in_call is stored, broken("KerasVariable._value", "inside a layer call it is not the stored variable")
     assert in_call_bytes == variables.stored_bytes(dense.kernel) == 20 * 10 * 4
-    momentum = next(v for v in optimizer.variables if v.path.endswith("dense_kernel_momentum"))
+    # Layer names are unique per process ("dense_3" after three other Dense layers): match this one's slot.
+    slot = dense.kernel.path.replace("/", "_") + "_momentum"
+    momentum = next(v for v in optimizer.variables if v.path.endswith(slot))
     assert seen[momentum.path][1].dtype == tf.float32 and seen[momentum.path][2] == 800
     assert tf_compat.variable_storage(stored) is stored
 
