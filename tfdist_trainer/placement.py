@@ -41,7 +41,6 @@ from typing import Any, Callable
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
-from tfdist_trainer.variables import write_report  # noqa: F401  (strategies.py calls placement.write_report)
 from tfdist_trainer.errors import ConfigError
 
 AUTO = "auto"

@@ -425,7 +425,7 @@ class ModelParallel(StrategyConfig):
 
     def train_step_fn(self, trainer):
         from absl import logging
-        from tfdist_trainer import placement as placement_lib
+        from tfdist_trainer import placement as placement_lib, variables
         placement = self._placement
         if placement is None or placement.model is not trainer.model:
             raise ConfigError("model_parallel.train_step_fn needs the model prepared by model_parallel.prepare_model.")
@@ -435,7 +435,7 @@ class ModelParallel(StrategyConfig):
             logging.warning("model_parallel: variable %s is on %s, not on its planned device %s", path, actual, wanted)
         path = self._placement_path()
         if path and self._is_chief:
-            placement_lib.write_report(path, placement.report(optimizer=trainer.optimizer, extra={
+            variables.write_report(path, placement.report(optimizer=trainer.optimizer, extra={
                 "num_micro_batches": self.num_micro_batches, "data_parallel": self.data_parallel}))
             self._log(f"model_parallel placement written to {path}")
         last = placement.units[-1] if placement.units else None
