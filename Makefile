@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint format bench clean
 
 install: $(STAMP)
 
@@ -20,8 +20,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m recipes.mnist.demo
 
-test: $(STAMP)
+# Style first (seconds), then the suite: a formatting or lint error fails `make test`.
+test: lint
 	$(BIN)/python -m pytest -q -ra tests
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+# Rewrite the code into the enforced style (and apply ruff's safe fixes).
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all

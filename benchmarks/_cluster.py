@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from benchmarks import _common
 
@@ -24,16 +24,27 @@ from benchmarks import _common
 def pick_cluster(layout: dict[str, int]) -> dict[str, list[str]]:
     """A cluster spec with a free 127.0.0.1 port per task, e.g. {"chief": 1, "worker": 2, "ps": 1}."""
     import portpicker
-    return {t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items() if n}
+
+    return {
+        t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)]
+        for t, n in layout.items()
+        if n
+    }
 
 
-def task_env(cluster: dict[str, list[str]] | None, task_type: str | None = None, index: int = 0,
-             base: dict[str, str] | None = None) -> dict[str, str]:
+def task_env(
+    cluster: dict[str, list[str]] | None,
+    task_type: str | None = None,
+    index: int = 0,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
     """The environment of one task: TF_CONFIG (when `cluster` is given), the repo on PYTHONPATH, quiet TF."""
     env = dict(os.environ if base is None else base)
     env.pop("TF_CONFIG", None)
     if cluster is not None and task_type is not None:
-        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": task_type, "index": index}}
+        )
     env["GRPC_FAIL_FAST"] = "use_caller"
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -43,7 +54,9 @@ def task_env(cluster: dict[str, list[str]] | None, task_type: str | None = None,
 
 def set_chief_env(cluster: dict[str, list[str]]) -> None:
     """Makes the calling process the chief of `cluster` (before TensorFlow builds a strategy)."""
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": cluster, "task": {"type": "chief", "index": 0}}
+    )
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
 
 
@@ -66,8 +79,13 @@ class LocalCluster:
     SIGKILL to its process group) on the way out, whatever happened.
     """
 
-    def __init__(self, cluster: dict[str, list[str]], run_dir: str, gin_files: Sequence[str],
-                 serve_types: Sequence[str] = ("ps", "worker")):
+    def __init__(
+        self,
+        cluster: dict[str, list[str]],
+        run_dir: str,
+        gin_files: Sequence[str],
+        serve_types: Sequence[str] = ("ps", "worker"),
+    ):
         self.cluster = cluster
         self.log_dir = os.path.join(run_dir, "logs")
         self.model_dir = os.path.join(run_dir, "model_dir")
@@ -96,8 +114,15 @@ class LocalCluster:
         """Starts `cmd` as `role` (e.g. "chief:0"), output to its log file, in its own process group."""
         os.makedirs(self.log_dir, exist_ok=True)
         with open(self.log_path(role), "w") as log:
-            self.procs[role] = subprocess.Popen(cmd, env=env, cwd=_common.REPO, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs[role] = subprocess.Popen(
+                cmd,
+                env=env,
+                cwd=_common.REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self.procs[role]
 
     def start(self, timeout_s: float = 180.0) -> float:
@@ -105,27 +130,41 @@ class LocalCluster:
         t0 = time.perf_counter()
         for task_type in self.serve_types:
             for index in range(len(self.cluster[task_type])):
-                cmd = [sys.executable, "-m", "tfdist_trainer.cli", *[f"--gin_file={g}" for g in self.gin_files],
-                       f"--model_dir={self.model_dir}", "--chief_gone_grace_s=5"]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "tfdist_trainer.cli",
+                    *[f"--gin_file={g}" for g in self.gin_files],
+                    f"--model_dir={self.model_dir}",
+                    "--chief_gone_grace_s=5",
+                ]
                 self.spawn(f"{task_type}:{index}", cmd, task_env(self.cluster, task_type, index))
         self.wait_listening(timeout_s)
         return time.perf_counter() - t0
 
     def wait_listening(self, timeout_s: float) -> None:
         from tfdist_trainer.cluster import TaskAddress, is_listening
-        pending = {f"{t}:{i}": TaskAddress(t, i, a)
-                   for t in self.serve_types for i, a in enumerate(self.cluster[t])}
+
+        pending = {
+            f"{t}:{i}": TaskAddress(t, i, a)
+            for t in self.serve_types
+            for i, a in enumerate(self.cluster[t])
+        }
         deadline = time.monotonic() + timeout_s
         while pending:
             for role in list(pending):
                 code = self.procs[role].poll()
                 if code is not None:
-                    raise RuntimeError(f"{role} exited with code {code} before it served; its log:\n"
-                                       f"{self.log_tail(role)}")
+                    raise RuntimeError(
+                        f"{role} exited with code {code} before it served; its log:\n"
+                        f"{self.log_tail(role)}"
+                    )
                 if is_listening(pending[role], timeout=0.2):
                     del pending[role]
             if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"{', '.join(pending)} did not listen within {timeout_s:g}s; logs in {self.log_dir}")
+                raise TimeoutError(
+                    f"{', '.join(pending)} did not listen within {timeout_s:g}s; logs in {self.log_dir}"
+                )
             time.sleep(0.2)
 
     def wait(self, role: str, timeout_s: float, sample_rss: bool = False) -> int:
@@ -136,7 +175,9 @@ class LocalCluster:
             if sample_rss:
                 self.sample_rss()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{role} did not finish in {timeout_s:g}s; its log:\n{self.log_tail(role)}")
+                raise TimeoutError(
+                    f"{role} did not finish in {timeout_s:g}s; its log:\n{self.log_tail(role)}"
+                )
             time.sleep(0.5)
         if sample_rss:
             self.sample_rss()
@@ -148,8 +189,10 @@ class LocalCluster:
             log = f.read()
         lines = [line for line in log.splitlines() if line.startswith(prefix)]
         if self.procs[role].returncode != 0 or not lines:
-            raise RuntimeError(f"{role} exited {self.procs[role].returncode} without a result:\n{log[-5000:]}")
-        return json.loads(lines[-1][len(prefix):])
+            raise RuntimeError(
+                f"{role} exited {self.procs[role].returncode} without a result:\n{log[-5000:]}"
+            )
+        return json.loads(lines[-1][len(prefix) :])
 
     def sample_rss(self) -> None:
         for role, proc in self.procs.items():

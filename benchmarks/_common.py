@@ -12,7 +12,8 @@ import os
 import platform
 import statistics
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = "bench_out"
@@ -25,6 +26,7 @@ def quiet_tensorflow() -> None:
 
 # -- data ----------------------------------------------------------------------
 
+
 def load_pool(source: str, pool_size: int, seed: int = 0):
     """Returns (images uint8 [N, 28, 28, 1], labels int64 [N]) held in memory.
 
@@ -33,8 +35,10 @@ def load_pool(source: str, pool_size: int, seed: int = 0):
     MNIST-shaped images. Both give the model exactly MNIST's shapes and dtypes.
     """
     import numpy as np
+
     if source == "digits":
         from recipes.mnist import data as mnist_data
+
         images, labels = mnist_data.load_offline_digits("train").batch(1 << 20).get_single_element()
         return images.numpy().astype(np.uint8), labels.numpy().astype(np.int64)
     if source == "synthetic":
@@ -53,13 +57,17 @@ def make_dataset(pool, batch_size: int):
     same batches in the same order.
     """
     import tensorflow as tf
+
     from recipes.mnist.data import normalize
+
     images, labels = pool
-    return (tf.data.Dataset.from_tensor_slices((images, labels))
-            .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
-            .cache()
-            .repeat()
-            .batch(batch_size, drop_remainder=True))
+    return (
+        tf.data.Dataset.from_tensor_slices((images, labels))
+        .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
+        .cache()
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+    )
 
 
 def bench_trainer_cls():
@@ -85,18 +93,31 @@ def loss_value(result) -> float:
 def add_model_args(parser, batch_help: str = "global batch (Trainer.global_batch_size)") -> None:
     """The MNIST recipe model's size and the benchmark pool: the same flags in every benchmark that uses them."""
     parser.add_argument("--batch_size", type=int, default=64, help=batch_help)
-    parser.add_argument("--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)")
+    parser.add_argument(
+        "--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)"
+    )
     parser.add_argument("--dense_units", type=int, default=128)
     parser.add_argument("--data", default="digits", choices=("digits", "synthetic"))
-    parser.add_argument("--pool_size", type=int, default=4096, help="examples in the synthetic pool")
+    parser.add_argument(
+        "--pool_size", type=int, default=4096, help="examples in the synthetic pool"
+    )
 
 
 def parse_int_list(text: str) -> list[int]:
     return [int(x) for x in text.replace(" ", "").split(",") if x]
 
 
-def trainer_loop(strategy_config, pool, *, batch_size: int, filters, dense_units: int, steps_per_loop,
-                 seed: int = 0, jit_compile: bool = False):
+def trainer_loop(
+    strategy_config,
+    pool,
+    *,
+    batch_size: int,
+    filters,
+    dense_units: int,
+    steps_per_loop,
+    seed: int = 0,
+    jit_compile: bool = False,
+):
     """The library's own training path for a synchronous strategy: build_state + TrainLoop.
 
     Returns a function that runs n steps (blocking) and returns the mean loss,
@@ -105,10 +126,13 @@ def trainer_loop(strategy_config, pool, *, batch_size: int, filters, dense_units
     """
     import keras
 
-    from tfdist_trainer import loops, state as state_lib
+    from tfdist_trainer import loops
+    from tfdist_trainer import state as state_lib
 
     keras.utils.set_random_seed(seed)
-    trainer = bench_trainer_cls()(pool=pool, global_batch_size=batch_size, filters=filters, dense_units=dense_units)
+    trainer = bench_trainer_cls()(
+        pool=pool, global_batch_size=batch_size, filters=filters, dense_units=dense_units
+    )
     strategy = strategy_config.create(None)
     global_step, _ = state_lib.build_state(trainer, strategy)
     size = loops.StepsPerLoopTuner() if steps_per_loop == "auto" else steps_per_loop
@@ -117,12 +141,14 @@ def trainer_loop(strategy_config, pool, *, batch_size: int, filters, dense_units
 
     def run(steps: int) -> float:
         return loss_value(loop.train(steps))
+
     run.loop = loop
     return run
 
 
-def time_interleaved(runners: dict[str, Any], steps: int, repeats: int,
-                     tag: str) -> tuple[dict[str, list[float]], dict[str, Any]]:
+def time_interleaved(
+    runners: dict[str, Any], steps: int, repeats: int, tag: str
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
     """Times `runners[name](steps)` `repeats` times each, round by round in rotating order.
 
     Interleaving makes load drift on a shared machine hit every variant alike;
@@ -132,17 +158,22 @@ def time_interleaved(runners: dict[str, Any], steps: int, repeats: int,
     """
     import gc
     import time
+
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}
     last: dict[str, Any] = {}
     for rep in range(repeats):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
             gc.collect()
             t0 = time.perf_counter()
             last[name] = runners[name](steps)
             times[name].append(time.perf_counter() - t0)
-        print(f"[{tag}] round {rep + 1}/{repeats}: " +
-              " ".join(f"{n}={steps / times[n][-1]:.1f}" for n in names) + " steps/s", flush=True)
+        print(
+            f"[{tag}] round {rep + 1}/{repeats}: "
+            + " ".join(f"{n}={steps / times[n][-1]:.1f}" for n in names)
+            + " steps/s",
+            flush=True,
+        )
     return times, last
 
 
@@ -157,8 +188,9 @@ def add_variant_process_arg(parser) -> None:
     parser.add_argument(VARIANT_FLAG, default=None, help=argparse.SUPPRESS)
 
 
-def serve_variant(build: Callable[[], Callable[[int], Any]], warmup_steps: int,
-                  info: dict[str, Any] | None = None) -> None:
+def serve_variant(
+    build: Callable[[], Callable[[int], Any]], warmup_steps: int, info: dict[str, Any] | None = None
+) -> None:
     """The child's side: builds one variant, warms it up, then runs the steps its parent asks for.
 
     Each request is a line with a number of steps; each answer one JSON line
@@ -169,11 +201,16 @@ def serve_variant(build: Callable[[], Callable[[int], Any]], warmup_steps: int,
     import gc
     import resource
     import time
+
     t0 = time.perf_counter()
     run = build()
     warmup = run(warmup_steps)
-    ready = {"build_and_warmup_s": time.perf_counter() - t0, "warmup_result": warmup, **(info or {}),
-             **getattr(run, "info", {})}
+    ready = {
+        "build_and_warmup_s": time.perf_counter() - t0,
+        "warmup_result": warmup,
+        **(info or {}),
+        **getattr(run, "info", {}),
+    }
     print(_REPLY + json.dumps(ready), flush=True)
     for line in sys.stdin:
         steps = int(line)
@@ -182,8 +219,18 @@ def serve_variant(build: Callable[[], Callable[[int], Any]], warmup_steps: int,
         result = run(steps)
         seconds = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
-        print(_REPLY + json.dumps({"seconds": seconds, "user_s": r1.ru_utime - r0.ru_utime,
-                                   "sys_s": r1.ru_stime - r0.ru_stime, "result": result}), flush=True)
+        print(
+            _REPLY
+            + json.dumps(
+                {
+                    "seconds": seconds,
+                    "user_s": r1.ru_utime - r0.ru_utime,
+                    "sys_s": r1.ru_stime - r0.ru_stime,
+                    "result": result,
+                }
+            ),
+            flush=True,
+        )
     exit_now(0)
 
 
@@ -198,6 +245,7 @@ class VariantProcesses:
 
     def __init__(self, module: str, names: Sequence[str], argv: Sequence[str], tag: str):
         import subprocess
+
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -208,11 +256,19 @@ class VariantProcesses:
         try:
             for name in names:
                 self.procs[name] = subprocess.Popen(
-                    [sys.executable, "-m", module, *argv, f"{VARIANT_FLAG}={name}"], cwd=REPO, env=env,
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                    [sys.executable, "-m", module, *argv, f"{VARIANT_FLAG}={name}"],
+                    cwd=REPO,
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 self.info[name] = self._reply(name)
-                print(f"[{tag}] {name}: built and warmed up in its own process (pid {self.procs[name].pid}) in "
-                      f"{self.info[name]['build_and_warmup_s']:.1f}s", flush=True)
+                print(
+                    f"[{tag}] {name}: built and warmed up in its own process (pid {self.procs[name].pid}) in "
+                    f"{self.info[name]['build_and_warmup_s']:.1f}s",
+                    flush=True,
+                )
         except BaseException:
             self.close()
             raise
@@ -221,10 +277,12 @@ class VariantProcesses:
         proc = self.procs[name]
         for line in proc.stdout:
             if line.startswith(_REPLY):
-                return json.loads(line[len(_REPLY):])
+                return json.loads(line[len(_REPLY) :])
             print(f"[{self.tag}:{name}] {line}", end="", flush=True)
-        raise RuntimeError(f"[{self.tag}] the {name} process ended (exit code {proc.wait()}) before answering; "
-                           f"its output is above.")
+        raise RuntimeError(
+            f"[{self.tag}] the {name} process ended (exit code {proc.wait()}) before answering; "
+            f"its output is above."
+        )
 
     def runner(self, name: str) -> Callable[[int], Any]:
         def run(steps: int) -> Any:
@@ -233,6 +291,7 @@ class VariantProcesses:
             reply = self._reply(name)
             self.runs[name].append(reply)
             return reply["result"]
+
         return run
 
     def runners(self) -> dict[str, Callable[[int], Any]]:
@@ -241,8 +300,10 @@ class VariantProcesses:
     def cpu_ms_per_step(self, name: str, steps: int) -> dict[str, float]:
         """Median user and system CPU milliseconds per step of the variant's timed runs (its own process)."""
         runs = self.runs[name]
-        return {"user_ms_per_step": statistics.median(r["user_s"] for r in runs) * 1e3 / steps,
-                "sys_ms_per_step": statistics.median(r["sys_s"] for r in runs) * 1e3 / steps}
+        return {
+            "user_ms_per_step": statistics.median(r["user_s"] for r in runs) * 1e3 / steps,
+            "sys_ms_per_step": statistics.median(r["sys_s"] for r in runs) * 1e3 / steps,
+        }
 
     def close(self) -> None:
         for proc in self.procs.values():
@@ -256,6 +317,7 @@ class VariantProcesses:
 
 
 # -- statistics and reports ------------------------------------------------------
+
 
 def summarize(times_s: Sequence[float], steps: int) -> dict[str, Any]:
     """Median and spread of repeated timings of `steps` steps."""
@@ -280,14 +342,19 @@ def ratio_spread(numerator: Sequence[float], denominator: Sequence[float]) -> di
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[int] = (0,)) -> str:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[int] = (0,)
+) -> str:
     """A plain-text table; columns in `left` are left-aligned (text), the others right-aligned (numbers)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i in left else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+            ).rstrip()
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -306,6 +373,7 @@ def environment() -> dict[str, Any]:
     if "tensorflow" in sys.modules:
         import keras
         import tensorflow as tf
+
         info["tensorflow"] = tf.__version__
         info["keras"] = keras.__version__
         info["gpus"] = [d.name for d in tf.config.list_physical_devices("GPU")]
@@ -339,9 +407,20 @@ def write_json(out_dir: str, name: str, payload: dict[str, Any]) -> str:
 
 # -- the combined report (run_all) ------------------------------------------------------------------
 
-def figure(name: str, value: float, unit: str, *, baseline: str, ratio: float | None, ratio_label: str,
-           repetitions: int, spread: Sequence[float] | None, target: str | None = None,
-           meets_target: bool | None = None) -> dict[str, Any]:
+
+def figure(
+    name: str,
+    value: float,
+    unit: str,
+    *,
+    baseline: str,
+    ratio: float | None,
+    ratio_label: str,
+    repetitions: int,
+    spread: Sequence[float] | None,
+    target: str | None = None,
+    meets_target: bool | None = None,
+) -> dict[str, Any]:
     """One headline figure of a benchmark, as run_all tabulates and charts it.
 
     Every figure names its baseline (measured in the same run), the ratio to
@@ -349,7 +428,15 @@ def figure(name: str, value: float, unit: str, *, baseline: str, ratio: float | 
     ratio"), the number of repetitions, and the spread of the ratio over them
     (min, max), so that a reader can tell a real gap from noise.
     """
-    return {"figure": name, "value": value, "unit": unit, "baseline": baseline, "ratio": ratio,
-            "ratio_label": ratio_label, "repetitions": repetitions,
-            "spread": list(spread) if spread is not None else None,
-            "target": target, "meets_target": meets_target}
+    return {
+        "figure": name,
+        "value": value,
+        "unit": unit,
+        "baseline": baseline,
+        "ratio": ratio,
+        "ratio_label": ratio_label,
+        "repetitions": repetitions,
+        "spread": list(spread) if spread is not None else None,
+        "target": target,
+        "meets_target": meets_target,
+    }

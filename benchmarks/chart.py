@@ -9,7 +9,8 @@ whose meaning is "lower is better" (time ratios, fractions) are labelled so.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 LOWER_IS_BETTER = ("time ratio", "fraction", "share")  # ratio_label prefixes where lower is better
 
@@ -22,6 +23,7 @@ def _target_value(target: str | None) -> float | None:
 def write_chart(figures: Sequence[dict[str, Any]], path: str, title: str) -> str | None:
     """Writes the chart to `path` and returns it; None when there is nothing with a ratio to draw."""
     import matplotlib
+
     matplotlib.use("Agg")  # no display: render straight to a file
     import matplotlib.pyplot as plt
 
@@ -38,22 +40,45 @@ def write_chart(figures: Sequence[dict[str, Any]], path: str, title: str) -> str
         ax.barh(y, ratio, color=color, alpha=0.8, height=0.6)
         if f.get("spread"):
             lo, hi = f["spread"]
-            ax.errorbar(ratio, y, xerr=[[max(ratio - lo, 0)], [max(hi - ratio, 0)]], fmt="none", ecolor="black",
-                        capsize=3, lw=1)
+            ax.errorbar(
+                ratio,
+                y,
+                xerr=[[max(ratio - lo, 0)], [max(hi - ratio, 0)]],
+                fmt="none",
+                ecolor="black",
+                capsize=3,
+                lw=1,
+            )
         target = _target_value(f.get("target"))
         if target is not None:
             ax.plot([target], [y], marker="|", markersize=16, color="black", mew=2)
-        better = "lower is better" if f["ratio_label"].startswith(LOWER_IS_BETTER) else "higher is better"
-        right = max(ratio, *(f.get("spread") or [0]), target or 0)  # the label starts right of the whisker
+        better = (
+            "lower is better"
+            if f["ratio_label"].startswith(LOWER_IS_BETTER)
+            else "higher is better"
+        )
+        right = max(
+            ratio, *(f.get("spread") or [0]), target or 0
+        )  # the label starts right of the whisker
         ax.text(right, y, f"  {ratio:.2f} ({f['ratio_label']}, {better})", va="center", fontsize=7)
     ax.set_yticks(ys)
-    ax.set_yticklabels([f"{f['benchmark']}: {f['figure']}\nvs {f['baseline']} (n={f['repetitions']})"
-                        for f in rows], fontsize=7)
+    ax.set_yticklabels(
+        [
+            f"{f['benchmark']}: {f['figure']}\nvs {f['baseline']} (n={f['repetitions']})"
+            for f in rows
+        ],
+        fontsize=7,
+    )
     ax.axvline(1.0, color="grey", ls="--", lw=1)
-    highest = max(max(f["ratio"], *(f.get("spread") or [0]), _target_value(f.get("target")) or 0) for f in rows)
+    highest = max(
+        max(f["ratio"], *(f.get("spread") or [0]), _target_value(f.get("target")) or 0)
+        for f in rows
+    )
     ax.set_xlim(0, highest * 1.45)  # room for the labels right of the bars
-    ax.set_xlabel("ratio to the baseline measured in the same run\n(bar: median; whisker: min..max over "
-                  "repetitions; |: target; green: target met, red: not met, blue: no target)")
+    ax.set_xlabel(
+        "ratio to the baseline measured in the same run\n(bar: median; whisker: min..max over "
+        "repetitions; |: target; green: target met, red: not met, blue: no target)"
+    )
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -32,8 +32,11 @@ BASELINE = "one_device"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.mirrored_vs_one_device", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.mirrored_vs_one_device",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--steps", type=int, default=300, help="timed steps per repetition and variant")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup_steps", type=int, default=100)
@@ -41,8 +44,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--num_logical_cpus", type=int, default=2)
     _common.add_model_args(p, batch_help="global batch (mirrored splits it over replicas)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for mirrored_vs_one_device.json")
-    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    p.add_argument(
+        "--out", default=_common.DEFAULT_OUT, help="directory for mirrored_vs_one_device.json"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
+    )
     _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
     args.argv = list(argv)
@@ -54,9 +61,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.num_logical_cpus < 2:
-        p.error(f"--num_logical_cpus must be >= 2 (mirrored needs several replicas), got {args.num_logical_cpus}")
+        p.error(
+            f"--num_logical_cpus must be >= 2 (mirrored needs several replicas), got {args.num_logical_cpus}"
+        )
     if args.batch_size % args.num_logical_cpus:
-        p.error(f"--batch_size={args.batch_size} must divide evenly over {args.num_logical_cpus} replicas")
+        p.error(
+            f"--batch_size={args.batch_size} must divide evenly over {args.num_logical_cpus} replicas"
+        )
     return args
 
 
@@ -77,19 +88,33 @@ def serve(args: argparse.Namespace) -> None:
 
     def build():
         import tensorflow as tf
-        run = _common.trainer_loop(config, pool, batch_size=args.batch_size, filters=args.filters,
-                                   dense_units=args.dense_units, steps_per_loop=args.steps_per_loop, seed=args.seed)
+
+        run = _common.trainer_loop(
+            config,
+            pool,
+            batch_size=args.batch_size,
+            filters=args.filters,
+            dense_units=args.dense_units,
+            steps_per_loop=args.steps_per_loop,
+            seed=args.seed,
+        )
         replicas = run.loop.strategy.num_replicas_in_sync
-        run.info = {"replicas": replicas, "per_replica_batch": args.batch_size // replicas,
-                    "devices": [d.name for d in tf.config.list_logical_devices("CPU")],
-                    "input": run.loop.input.describe()}
+        run.info = {
+            "replicas": replicas,
+            "per_replica_batch": args.batch_size // replicas,
+            "devices": [d.name for d in tf.config.list_logical_devices("CPU")],
+            "input": run.loop.input.describe(),
+        }
         return run
+
     _common.serve_variant(build, args.warmup_steps)
 
 
 def run(args: argparse.Namespace) -> dict:
-    print(f"[{NAME}] global batch {args.batch_size}, {args.steps} steps x {args.repeats}, one process per variant",
-          flush=True)
+    print(
+        f"[{NAME}] global batch {args.batch_size}, {args.steps} steps x {args.repeats}, one process per variant",
+        flush=True,
+    )
     procs = _common.VariantProcesses(f"benchmarks.{NAME}", VARIANTS, args.argv, NAME)
     try:
         times, _ = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
@@ -100,26 +125,45 @@ def run(args: argparse.Namespace) -> dict:
     for name in VARIANTS:
         info = dict(procs.info[name])
         info["warmup_loss"] = info.pop("warmup_result")
-        r = {**info, **_common.summarize(times[name], args.steps), **procs.cpu_ms_per_step(name, args.steps)}
+        r = {
+            **info,
+            **_common.summarize(times[name], args.steps),
+            **procs.cpu_ms_per_step(name, args.steps),
+        }
         r["examples_per_s"] = r["steps_per_s"] * args.batch_size
         r["speedup_vs_baseline"] = results.get(BASELINE, r)["time_s_median"] / r["time_s_median"]
         r["speedup_vs_baseline_paired"] = _common.ratio_spread(times[BASELINE], times[name])
         results[name] = r
 
     m = results["mirrored"]
-    figures = [_common.figure(
-        f"mirrored on {args.num_logical_cpus} logical CPUs, examples/s", m["examples_per_s"], "examples/s",
-        baseline="one_device (same global batch)", ratio=m["speedup_vs_baseline"], ratio_label="speedup",
-        repetitions=args.repeats,
-        spread=[m["speedup_vs_baseline_paired"]["min"], m["speedup_vs_baseline_paired"]["max"]])]
+    figures = [
+        _common.figure(
+            f"mirrored on {args.num_logical_cpus} logical CPUs, examples/s",
+            m["examples_per_s"],
+            "examples/s",
+            baseline="one_device (same global batch)",
+            ratio=m["speedup_vs_baseline"],
+            ratio_label="speedup",
+            repetitions=args.repeats,
+            spread=[m["speedup_vs_baseline_paired"]["min"], m["speedup_vs_baseline_paired"]["max"]],
+        )
+    ]
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.mirrored_vs_one_device", *sys.argv[1:]]),
-        "config": {"steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
-                   "steps_per_loop": args.steps_per_loop, "num_logical_cpus": args.num_logical_cpus,
-                   "batch_size": args.batch_size, "filters": list(args.filters), "dense_units": args.dense_units,
-                   "data": args.data, "seed": args.seed},
+        "config": {
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "warmup_steps": args.warmup_steps,
+            "steps_per_loop": args.steps_per_loop,
+            "num_logical_cpus": args.num_logical_cpus,
+            "batch_size": args.batch_size,
+            "filters": list(args.filters),
+            "dense_units": args.dense_units,
+            "data": args.data,
+            "seed": args.seed,
+        },
         "environment": _common.environment(),
         "devices": devices,
         "baseline": BASELINE,
@@ -135,15 +179,42 @@ def format_report(payload: dict) -> str:
     rows = []
     for name, r in payload["results"].items():
         p = r["speedup_vs_baseline_paired"]
-        rows.append([name, r["replicas"], r["per_replica_batch"], f"{r['steps_per_s']:.1f}",
-                     f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}", f"{r['examples_per_s']:,.0f}",
-                     f"{r['speedup_vs_baseline']:.2f}x", f"{p['min']:.2f}..{p['max']:.2f}",
-                     f"{r['user_ms_per_step']:.2f}/{r['sys_ms_per_step']:.2f}", r["input"]])
-    return "\n".join([
-        f"global batch {cfg['batch_size']}, {cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max); "
-        f"baseline: {payload['baseline']} (speedup = its time / this time, paired per round)",
-        _common.format_table(["variant", "replicas", "batch/replica", "steps/s", "steps/s min..max", "examples/s",
-                              "speedup", "paired", "CPU ms/step user/sys", "input"], rows, left=(0, 9))])
+        rows.append(
+            [
+                name,
+                r["replicas"],
+                r["per_replica_batch"],
+                f"{r['steps_per_s']:.1f}",
+                f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                f"{r['examples_per_s']:,.0f}",
+                f"{r['speedup_vs_baseline']:.2f}x",
+                f"{p['min']:.2f}..{p['max']:.2f}",
+                f"{r['user_ms_per_step']:.2f}/{r['sys_ms_per_step']:.2f}",
+                r["input"],
+            ]
+        )
+    return "\n".join(
+        [
+            f"global batch {cfg['batch_size']}, {cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max); "
+            f"baseline: {payload['baseline']} (speedup = its time / this time, paired per round)",
+            _common.format_table(
+                [
+                    "variant",
+                    "replicas",
+                    "batch/replica",
+                    "steps/s",
+                    "steps/s min..max",
+                    "examples/s",
+                    "speedup",
+                    "paired",
+                    "CPU ms/step user/sys",
+                    "input",
+                ],
+                rows,
+                left=(0, 9),
+            ),
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

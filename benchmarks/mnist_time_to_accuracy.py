@@ -67,31 +67,68 @@ BASELINE_LABEL = "Keras model.fit defaults (same model, data order, eval every {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.mnist_time_to_accuracy", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--target_accuracy", type=float, default=0.97, help="test accuracy to reach, in (0, 1]")
-    p.add_argument("--eval_every", type=int, default=50,
-                   help="evaluate on the test split every N steps (trainer: steps_per_loop; fit: steps_per_epoch)")
-    p.add_argument("--max_steps", type=int, default=2000,
-                   help="give up after this many steps (rounded down to a multiple of --eval_every)")
-    p.add_argument("--repeats", type=int, default=3, help="repetitions, with seeds seed, seed+1, ...")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.mnist_time_to_accuracy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--target_accuracy", type=float, default=0.97, help="test accuracy to reach, in (0, 1]"
+    )
+    p.add_argument(
+        "--eval_every",
+        type=int,
+        default=50,
+        help="evaluate on the test split every N steps (trainer: steps_per_loop; fit: steps_per_epoch)",
+    )
+    p.add_argument(
+        "--max_steps",
+        type=int,
+        default=2000,
+        help="give up after this many steps (rounded down to a multiple of --eval_every)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="repetitions, with seeds seed, seed+1, ..."
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch_size", type=int, default=64, help="training batch (configs/mnist.gin: 64)")
-    p.add_argument("--eval_batch_size", type=int, default=None, help="evaluation batch (default: --batch_size)")
+    p.add_argument(
+        "--batch_size", type=int, default=64, help="training batch (configs/mnist.gin: 64)"
+    )
+    p.add_argument(
+        "--eval_batch_size", type=int, default=None, help="evaluation batch (default: --batch_size)"
+    )
     p.add_argument("--learning_rate", type=float, default=1e-3)
-    p.add_argument("--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)")
+    p.add_argument(
+        "--filters", default="32,64", help="the two Conv2D widths (recipe default 32,64)"
+    )
     p.add_argument("--dense_units", type=int, default=128)
     p.add_argument("--shuffle_buffer", type=int, default=10_000)
-    p.add_argument("--data_source", default="auto", choices=DATA_SOURCES,
-                   help="where the data comes from (recipes.mnist.data.load_mnist); auto: idx, then tfds, "
-                        "then the offline digits fallback (not MNIST)")
-    p.add_argument("--idx_dir", "--data_dir", dest="idx_dir", default=None,
-                   help="a directory with the four MNIST IDX files (plain or .gz)")
-    p.add_argument("--tfds_data_dir", default=None, help="a TFDS data directory in which mnist is prepared")
-    p.add_argument("--no_warmup", action="store_true", help="skip the untimed warm-up run of each variant")
+    p.add_argument(
+        "--data_source",
+        default="auto",
+        choices=DATA_SOURCES,
+        help="where the data comes from (recipes.mnist.data.load_mnist); auto: idx, then tfds, "
+        "then the offline digits fallback (not MNIST)",
+    )
+    p.add_argument(
+        "--idx_dir",
+        "--data_dir",
+        dest="idx_dir",
+        default=None,
+        help="a directory with the four MNIST IDX files (plain or .gz)",
+    )
+    p.add_argument(
+        "--tfds_data_dir", default=None, help="a TFDS data directory in which mnist is prepared"
+    )
+    p.add_argument(
+        "--no_warmup", action="store_true", help="skip the untimed warm-up run of each variant"
+    )
     p.add_argument("--out", default=_common.DEFAULT_OUT, help=f"directory for {NAME}.json")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny model, target 0.5, eval every 20 steps, one repetition, no warm-up (for tests)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny model, target 0.5, eval every 20 steps, one repetition, no warm-up (for tests)",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.target_accuracy, args.eval_every, args.max_steps, args.repeats = 0.5, 20, 400, 1
@@ -105,7 +142,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--filters must be two positive integers, got {args.filters}")
     if not 0.0 < args.target_accuracy <= 1.0:
         p.error(f"--target_accuracy must be in (0, 1], got {args.target_accuracy}")
-    for name in ("eval_every", "max_steps", "repeats", "batch_size", "dense_units", "shuffle_buffer"):
+    for name in (
+        "eval_every",
+        "max_steps",
+        "repeats",
+        "batch_size",
+        "dense_units",
+        "shuffle_buffer",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.eval_batch_size is not None and args.eval_batch_size < 1:
@@ -125,26 +169,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 # -- data -----------------------------------------------------------------------------------------
 
+
 def load_data(args) -> dict[str, Any]:
     """Both splits through the recipe's loader, once; says which data it is."""
     from recipes.mnist import data as mnist_data
 
     loaded = {}
     for split in ("train", "test"):
-        loaded[split] = mnist_data.load_mnist(split, source=args.data_source, tfds_data_dir=args.tfds_data_dir,
-                                              idx_dir=args.idx_dir)
+        loaded[split] = mnist_data.load_mnist(
+            split, source=args.data_source, tfds_data_dir=args.tfds_data_dir, idx_dir=args.idx_dir
+        )
     (train, label), (test, test_label) = loaded["train"], loaded["test"]
     if label != test_label:
-        raise SystemExit(f"[{NAME}] the train split came from {label!r} but the test split from {test_label!r}; "
-                         f"pass --data_source to pick one source")
+        raise SystemExit(
+            f"[{NAME}] the train split came from {label!r} but the test split from {test_label!r}; "
+            f"pass --data_source to pick one source"
+        )
     is_mnist = label != mnist_data.FALLBACK_LABEL
 
     def count(ds):
         n = int(ds.cardinality())
         return n if n >= 0 else None
-    return {"train": train, "test": test, "label": label, "is_mnist": is_mnist,
-            "short_name": "MNIST" if is_mnist else "offline digits fallback (NOT MNIST)",
-            "train_examples": count(train), "test_examples": count(test)}
+
+    return {
+        "train": train,
+        "test": test,
+        "label": label,
+        "is_mnist": is_mnist,
+        "short_name": "MNIST" if is_mnist else "offline digits fallback (NOT MNIST)",
+        "train_examples": count(train),
+        "test_examples": count(test),
+    }
 
 
 def trainer_cls():
@@ -169,22 +224,32 @@ def trainer_cls():
         def build_train_dataset(self, input_context):
             # The recipe's pipeline, except that the shuffle is seeded: the same batches for every variant.
             dataset = shard(self._load("train"), input_context)
-            return (dataset.map(mnist_data.normalize, num_parallel_calls=tf.data.AUTOTUNE)
-                    .cache()
-                    .shuffle(self.shuffle_buffer, seed=self.shuffle_seed)
-                    .repeat()
-                    .batch(self.per_replica_batch_size(input_context), drop_remainder=True))
+            return (
+                dataset.map(mnist_data.normalize, num_parallel_calls=tf.data.AUTOTUNE)
+                .cache()
+                .shuffle(self.shuffle_buffer, seed=self.shuffle_seed)
+                .repeat()
+                .batch(self.per_replica_batch_size(input_context), drop_remainder=True)
+            )
 
     return TimeToAccuracyMnistTrainer
 
 
 def make_trainer(args, data, seed: int):
-    return trainer_cls()(data=data, shuffle_seed=seed, global_batch_size=args.batch_size,
-                         eval_batch_size=args.eval_batch_size, learning_rate=args.learning_rate,
-                         filters=args.filters, dense_units=args.dense_units, shuffle_buffer=args.shuffle_buffer)
+    return trainer_cls()(
+        data=data,
+        shuffle_seed=seed,
+        global_batch_size=args.batch_size,
+        eval_batch_size=args.eval_batch_size,
+        learning_rate=args.learning_rate,
+        filters=args.filters,
+        dense_units=args.dense_units,
+        shuffle_buffer=args.shuffle_buffer,
+    )
 
 
 # -- the two variants: each trains until the target or max_steps and returns its clock readings --
+
 
 def _outcome(evals, train_s, eval_s, first_segment_s, wall_s, reached_at, target) -> dict[str, Any]:
     reached = reached_at is not None
@@ -209,21 +274,24 @@ def _outcome(evals, train_s, eval_s, first_segment_s, wall_s, reached_at, target
 def run_trainer(args, data, seed: int, max_steps: int, target: float) -> dict[str, Any]:
     import keras
 
-    from tfdist_trainer import loops, state as state_lib
+    from tfdist_trainer import loops
+    from tfdist_trainer import state as state_lib
     from tfdist_trainer.strategies import OneDevice
 
     keras.utils.set_random_seed(seed)
     trainer = make_trainer(args, data, seed)
     strategy = OneDevice().create(None)
     t_build = time.perf_counter()
-    global_step, _ = state_lib.build_state(trainer, strategy)      # model, optimizer, metrics (≈ fit's compile)
+    global_step, _ = state_lib.build_state(
+        trainer, strategy
+    )  # model, optimizer, metrics (≈ fit's compile)
     t0, cpu0 = time.perf_counter(), time.process_time()
     loop = loops.TrainLoop(strategy, trainer, global_step, args.eval_every)
     evaluator = None
     evals, train_s, eval_s, first_segment_s, reached_at = [], 0.0, 0.0, None, None
     mark = t0
     while int(global_step.numpy()) < max_steps:
-        loop.train(args.eval_every)                              # returns host floats: the steps are done
+        loop.train(args.eval_every)  # returns host floats: the steps are done
         t1 = time.perf_counter()
         train_s += t1 - mark
         first_segment_s = first_segment_s if first_segment_s is not None else t1 - mark
@@ -233,8 +301,15 @@ def run_trainer(args, data, seed: int, max_steps: int, target: float) -> dict[st
         accuracy = evaluator.evaluate()["accuracy"]
         mark = time.perf_counter()
         eval_s += mark - t1
-        evals.append({"step": int(global_step.numpy()), "accuracy": accuracy, "train_s": train_s,
-                      "wall_s": mark - t0, "cpu_s": time.process_time() - cpu0})
+        evals.append(
+            {
+                "step": int(global_step.numpy()),
+                "accuracy": accuracy,
+                "train_s": train_s,
+                "wall_s": mark - t0,
+                "cpu_s": time.process_time() - cpu0,
+            }
+        )
         if accuracy >= target:
             reached_at = len(evals) - 1
             break
@@ -254,9 +329,11 @@ def run_fit(args, data, seed: int, max_steps: int, target: float) -> dict[str, A
     context = data_lib.single_pipeline_context()
     t_build = time.perf_counter()
     model = template.build_model()
-    model.compile(optimizer=template.build_optimizer(),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])  # Keras defaults otherwise
+    model.compile(
+        optimizer=template.build_optimizer(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+    )  # Keras defaults otherwise
     train_ds = template.build_train_dataset(context).prefetch(tf.data.AUTOTUNE)
     test_ds = template.build_eval_dataset(context).prefetch(tf.data.AUTOTUNE)
 
@@ -272,7 +349,9 @@ def run_fit(args, data, seed: int, max_steps: int, target: float) -> dict[str, A
             self.evals, self.reached_at = [], None
 
         def on_test_begin(self, logs=None):
-            self.step = int(self.model.optimizer.iterations.numpy())  # a variable read: the steps are done
+            self.step = int(
+                self.model.optimizer.iterations.numpy()
+            )  # a variable read: the steps are done
             now = time.perf_counter()
             self.train_s += now - self.mark
             if self.first_segment_s is None:
@@ -284,8 +363,15 @@ def run_fit(args, data, seed: int, max_steps: int, target: float) -> dict[str, A
             self.eval_s += now - self.mark
             self.mark = now
             accuracy = float(logs["val_accuracy"])
-            self.evals.append({"step": self.step, "accuracy": accuracy, "train_s": self.train_s,
-                               "wall_s": now - self.t0, "cpu_s": time.process_time() - self.cpu0})
+            self.evals.append(
+                {
+                    "step": self.step,
+                    "accuracy": accuracy,
+                    "train_s": self.train_s,
+                    "wall_s": now - self.t0,
+                    "cpu_s": time.process_time() - self.cpu0,
+                }
+            )
             if accuracy >= target and self.reached_at is None:
                 self.reached_at = len(self.evals) - 1
                 self.model.stop_training = True
@@ -293,11 +379,25 @@ def run_fit(args, data, seed: int, max_steps: int, target: float) -> dict[str, A
     t0, cpu0 = time.perf_counter(), time.process_time()
     clock = Clock(t0, cpu0)
     # shuffle=False only silences a warning: fit never shuffles a tf.data.Dataset.
-    model.fit(train_ds, epochs=max_steps // args.eval_every, steps_per_epoch=args.eval_every,
-              validation_data=test_ds, callbacks=[clock], verbose=0, shuffle=False)
+    model.fit(
+        train_ds,
+        epochs=max_steps // args.eval_every,
+        steps_per_epoch=args.eval_every,
+        validation_data=test_ds,
+        callbacks=[clock],
+        verbose=0,
+        shuffle=False,
+    )
     wall = time.perf_counter() - t0
-    result = _outcome(clock.evals, clock.train_s, clock.eval_s, clock.first_segment_s, wall, clock.reached_at,
-                      target)
+    result = _outcome(
+        clock.evals,
+        clock.train_s,
+        clock.eval_s,
+        clock.first_segment_s,
+        wall,
+        clock.reached_at,
+        target,
+    )
     result["setup_s"] = t0 - t_build
     result["jit_compile"] = bool(model.jit_compile)
     result["steps_per_execution"] = int(model.steps_per_execution)
@@ -305,17 +405,25 @@ def run_fit(args, data, seed: int, max_steps: int, target: float) -> dict[str, A
 
 
 RUNNERS = {"trainer": run_trainer, "fit_default": run_fit}
-SPEEDUP_KEYS = {"train_s_to_target": "training time", "wall_s_to_target": "wall time incl. eval",
-                "cpu_s_to_target": "process CPU time incl. eval"}
+SPEEDUP_KEYS = {
+    "train_s_to_target": "training time",
+    "wall_s_to_target": "wall time incl. eval",
+    "cpu_s_to_target": "process CPU time incl. eval",
+}
 
 
 # -- statistics -----------------------------------------------------------------------------------
 
+
 def _stats(values: list[float]) -> dict[str, Any] | None:
     if not values:
         return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": [round(v, 6) for v in values]}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": [round(v, 6) for v in values],
+    }
 
 
 def summarize_variant(name: str, runs: list[dict], args) -> dict[str, Any]:
@@ -330,7 +438,9 @@ def summarize_variant(name: str, runs: list[dict], args) -> dict[str, Any]:
         "wall_s_to_target": _stats([r["wall_s_to_target"] for r in reached]),
         "cpu_s_to_target": _stats([r["cpu_s_to_target"] for r in reached]),
         "first_segment_train_s": _stats([r["first_segment_train_s"] for r in runs]),
-        "eval_s_per_pass": _stats([r["eval_s_total"] / len(r["evals"]) for r in runs if r["evals"]]),
+        "eval_s_per_pass": _stats(
+            [r["eval_s_total"] / len(r["evals"]) for r in runs if r["evals"]]
+        ),
         "best_accuracy_per_seed": [r["best_accuracy"] for r in runs],
         "runs": runs,
     }
@@ -338,8 +448,11 @@ def summarize_variant(name: str, runs: list[dict], args) -> dict[str, Any]:
 
 def paired_speedups(results: dict[str, dict], key: str) -> dict[str, Any] | None:
     """fit time / trainer time per repetition in which both reached the target."""
-    pairs = [(b[key], t[key]) for b, t in zip(results[BASELINE]["runs"], results["trainer"]["runs"])
-             if b["reached"] and t["reached"]]
+    pairs = [
+        (b[key], t[key])
+        for b, t in zip(results[BASELINE]["runs"], results["trainer"]["runs"])
+        if b["reached"] and t["reached"]
+    ]
     if not pairs:
         return None
     spread = _common.ratio_spread([b for b, _ in pairs], [t for _, t in pairs])
@@ -368,22 +481,35 @@ def make_figures(payload: dict) -> list[dict]:
     n = cfg["repeats"]
     device = "GPU" if payload["environment"].get("gpus") else "CPU"
     figures = []
-    for key, what in (("train_s_to_target", "training time"), ("wall_s_to_target", "wall time incl. evaluation")):
+    for key, what in (
+        ("train_s_to_target", "training time"),
+        ("wall_s_to_target", "wall time incl. evaluation"),
+    ):
         stats, speedup = trainer[key], payload["speedups"][key]
         all_reached = trainer["reached_in"] == n and results[BASELINE]["reached_in"] == n
-        name = (f"{data['short_name']} {what} to {_pct(cfg['target_accuracy'])} test accuracy, "
-                f"Trainer one_device ({device})")
+        name = (
+            f"{data['short_name']} {what} to {_pct(cfg['target_accuracy'])} test accuracy, "
+            f"Trainer one_device ({device})"
+        )
         note = None
         if not all_reached:
-            note = (f"target not reached within --max_steps={cfg['max_steps']} steps by trainer in "
-                    f"{n - trainer['reached_in']}/{n} and by {BASELINE} in "
-                    f"{n - results[BASELINE]['reached_in']}/{n} repetitions; no value is given")
+            note = (
+                f"target not reached within --max_steps={cfg['max_steps']} steps by trainer in "
+                f"{n - trainer['reached_in']}/{n} and by {BASELINE} in "
+                f"{n - results[BASELINE]['reached_in']}/{n} repetitions; no value is given"
+            )
             name += f" - target NOT REACHED within {cfg['max_steps']} steps in some repetitions"
         fig = _common.figure(
-            name, stats["median"] if all_reached else None, "s",
+            name,
+            stats["median"] if all_reached else None,
+            "s",
             baseline=BASELINE_LABEL.format(every=cfg["eval_every"]),
-            ratio=speedup["median"] if speedup else None, ratio_label="speedup (fit time / Trainer time)",
-            repetitions=n, spread=[speedup["min"], speedup["max"]] if speedup else None, target=None)
+            ratio=speedup["median"] if speedup else None,
+            ratio_label="speedup (fit time / Trainer time)",
+            repetitions=n,
+            spread=[speedup["min"], speedup["max"]] if speedup else None,
+            target=None,
+        )
         if note:
             fig["note"] = note
         figures.append(fig)
@@ -392,26 +518,39 @@ def make_figures(payload: dict) -> list[dict]:
 
 # -- the run --------------------------------------------------------------------------------------
 
+
 def run(args: argparse.Namespace) -> dict:
     _common.quiet_tensorflow()
     import tensorflow as tf
 
     # Every repetition builds fresh step functions on purpose (each traces once, as in a new process);
     # TF's "N out of the last M calls ... triggered tf.function retracing" warning counts them all.
-    tf.get_logger().addFilter(lambda record: "triggered tf.function retracing" not in record.getMessage())
+    tf.get_logger().addFilter(
+        lambda record: "triggered tf.function retracing" not in record.getMessage()
+    )
     environment = _common.environment()  # load average before the run
     data = load_data(args)
-    print(f"[{NAME}] data: {data['label']} ({data['train_examples']} train / {data['test_examples']} test)",
-          flush=True)
+    print(
+        f"[{NAME}] data: {data['label']} ({data['train_examples']} train / {data['test_examples']} test)",
+        flush=True,
+    )
     if not data["is_mnist"]:
-        print(f"[{NAME}] NOTE: no MNIST on this machine (no TFDS mnist, no --idx_dir): timing the offline "
-              f"digits fallback, which is NOT MNIST; pass --idx_dir or --tfds_data_dir for MNIST.", flush=True)
-    print(f"[{NAME}] target test accuracy >= {args.target_accuracy}, eval every {args.eval_every} steps, "
-          f"at most {args.max_steps} steps, batch {args.batch_size}, {args.repeats} repetition(s), "
-          f"on {tf.config.list_logical_devices()[0].name}", flush=True)
+        print(
+            f"[{NAME}] NOTE: no MNIST on this machine (no TFDS mnist, no --idx_dir): timing the offline "
+            f"digits fallback, which is NOT MNIST; pass --idx_dir or --tfds_data_dir for MNIST.",
+            flush=True,
+        )
+    print(
+        f"[{NAME}] target test accuracy >= {args.target_accuracy}, eval every {args.eval_every} steps, "
+        f"at most {args.max_steps} steps, batch {args.batch_size}, {args.repeats} repetition(s), "
+        f"on {tf.config.list_logical_devices()[0].name}",
+        flush=True,
+    )
 
     if not args.no_warmup:
-        for name in VARIANTS:   # one interval each, target unreachable: process start-up costs, untimed
+        for (
+            name
+        ) in VARIANTS:  # one interval each, target unreachable: process start-up costs, untimed
             t0 = time.perf_counter()
             RUNNERS[name](args, data, args.seed, args.eval_every, 2.0)
             print(f"[{NAME}] warm-up {name}: {time.perf_counter() - t0:.1f}s", flush=True)
@@ -427,10 +566,16 @@ def run(args: argparse.Namespace) -> dict:
         line = []
         for name in VARIANTS:
             r = runs[name][-1]
-            line.append(f"{name}: step {r['steps_to_target']} acc {r['accuracy_at_target']:.4f} "
-                        f"train {r['train_s_to_target']:.2f}s wall {r['wall_s_to_target']:.2f}s" if r["reached"]
-                        else f"{name}: NOT reached in {r['steps_run']} steps (best {r['best_accuracy']:.4f})")
-        print(f"[{NAME}] repetition {rep + 1}/{args.repeats} (seed {seed}): " + "; ".join(line), flush=True)
+            line.append(
+                f"{name}: step {r['steps_to_target']} acc {r['accuracy_at_target']:.4f} "
+                f"train {r['train_s_to_target']:.2f}s wall {r['wall_s_to_target']:.2f}s"
+                if r["reached"]
+                else f"{name}: NOT reached in {r['steps_run']} steps (best {r['best_accuracy']:.4f})"
+            )
+        print(
+            f"[{NAME}] repetition {rep + 1}/{args.repeats} (seed {seed}): " + "; ".join(line),
+            flush=True,
+        )
 
     results = {name: summarize_variant(name, runs[name], args) for name in VARIANTS}
     speedups = {key: paired_speedups(results, key) for key in SPEEDUP_KEYS}
@@ -438,20 +583,35 @@ def run(args: argparse.Namespace) -> dict:
         environment["load_average_1m_end"] = os.getloadavg()[0]
     except OSError:
         pass
-    environment.update({k: v for k, v in _common.environment().items() if k in ("tensorflow", "keras", "gpus")})
+    environment.update(
+        {k: v for k, v in _common.environment().items() if k in ("tensorflow", "keras", "gpus")}
+    )
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.mnist_time_to_accuracy", *sys.argv[1:]]),
-        "config": {"target_accuracy": args.target_accuracy, "eval_every": args.eval_every,
-                   "max_steps": args.max_steps, "repeats": args.repeats, "seeds": [args.seed + r for r in
-                                                                                    range(args.repeats)],
-                   "batch_size": args.batch_size, "eval_batch_size": args.eval_batch_size,
-                   "learning_rate": args.learning_rate, "filters": list(args.filters),
-                   "dense_units": args.dense_units, "shuffle_buffer": args.shuffle_buffer,
-                   "data_source": args.data_source, "idx_dir": args.idx_dir, "tfds_data_dir": args.tfds_data_dir,
-                   "strategy": "one_device", "warmup": not args.no_warmup},
-        "dataset": {k: data[k] for k in ("label", "short_name", "is_mnist", "train_examples", "test_examples")},
+        "config": {
+            "target_accuracy": args.target_accuracy,
+            "eval_every": args.eval_every,
+            "max_steps": args.max_steps,
+            "repeats": args.repeats,
+            "seeds": [args.seed + r for r in range(args.repeats)],
+            "batch_size": args.batch_size,
+            "eval_batch_size": args.eval_batch_size,
+            "learning_rate": args.learning_rate,
+            "filters": list(args.filters),
+            "dense_units": args.dense_units,
+            "shuffle_buffer": args.shuffle_buffer,
+            "data_source": args.data_source,
+            "idx_dir": args.idx_dir,
+            "tfds_data_dir": args.tfds_data_dir,
+            "strategy": "one_device",
+            "warmup": not args.no_warmup,
+        },
+        "dataset": {
+            k: data[k]
+            for k in ("label", "short_name", "is_mnist", "train_examples", "test_examples")
+        },
         "environment": environment,
         "baseline": BASELINE,
         "results": results,
@@ -470,49 +630,94 @@ def _range(stats: dict | None, fmt: str = "{:.2f}") -> str:
 
 
 def format_report(payload: dict) -> str:
-    cfg, data, results, env = payload["config"], payload["dataset"], payload["results"], payload["environment"]
+    cfg, data, results, env = (
+        payload["config"],
+        payload["dataset"],
+        payload["results"],
+        payload["environment"],
+    )
     n = cfg["repeats"]
-    lines = [f"data: {data['label']} ({data['train_examples']} train / {data['test_examples']} test)"
-             + ("" if data["is_mnist"] else "  <-- NOT MNIST"),
-             (f"{data['short_name']}: time to test accuracy >= {cfg['target_accuracy']} (one_device), eval every "
-              f"{cfg['eval_every']} steps, at most {cfg['max_steps']} steps, batch {cfg['batch_size']}, "
-              f"{n} repetition(s) (seeds {','.join(map(str, cfg['seeds']))}); median (min..max) over the "
-              f"repetitions that reached the target; baseline: {payload['baseline']}")]
+    lines = [
+        f"data: {data['label']} ({data['train_examples']} train / {data['test_examples']} test)"
+        + ("" if data["is_mnist"] else "  <-- NOT MNIST"),
+        (
+            f"{data['short_name']}: time to test accuracy >= {cfg['target_accuracy']} (one_device), eval every "
+            f"{cfg['eval_every']} steps, at most {cfg['max_steps']} steps, batch {cfg['batch_size']}, "
+            f"{n} repetition(s) (seeds {','.join(map(str, cfg['seeds']))}); median (min..max) over the "
+            f"repetitions that reached the target; baseline: {payload['baseline']}"
+        ),
+    ]
     rows = []
     for name, r in results.items():
         steps = ",".join("-" if s is None else str(s) for s in r["steps_to_target_per_seed"])
-        rows.append([name, f"{r['reached_in']}/{r['repetitions']}", steps, _range(r["train_s_to_target"]),
-                     _range(r["wall_s_to_target"]), _range(r.get("cpu_s_to_target")),
-                     _range(r["first_segment_train_s"]), _range(r["eval_s_per_pass"], "{:.3f}"), r["description"]])
-    lines.append(_common.format_table(
-        ["variant", "reached", "steps/seed", "train s to target", "wall s incl. eval", "CPU s incl. eval",
-         "1st interval s", "s per eval", "what"], rows, left=(0, 2, 8)))
+        rows.append(
+            [
+                name,
+                f"{r['reached_in']}/{r['repetitions']}",
+                steps,
+                _range(r["train_s_to_target"]),
+                _range(r["wall_s_to_target"]),
+                _range(r.get("cpu_s_to_target")),
+                _range(r["first_segment_train_s"]),
+                _range(r["eval_s_per_pass"], "{:.3f}"),
+                r["description"],
+            ]
+        )
+    lines.append(
+        _common.format_table(
+            [
+                "variant",
+                "reached",
+                "steps/seed",
+                "train s to target",
+                "wall s incl. eval",
+                "CPU s incl. eval",
+                "1st interval s",
+                "s per eval",
+                "what",
+            ],
+            rows,
+            left=(0, 2, 8),
+        )
+    )
     for key, what in SPEEDUP_KEYS.items():
         s = payload["speedups"].get(key, "absent")
         if s == "absent":
             continue
         if s is None:
-            lines.append(f"speedup ({what}, {payload['baseline']} / trainer): - (no repetition where both reached "
-                         f"the target within {cfg['max_steps']} steps)")
+            lines.append(
+                f"speedup ({what}, {payload['baseline']} / trainer): - (no repetition where both reached "
+                f"the target within {cfg['max_steps']} steps)"
+            )
         else:
-            lines.append(f"speedup ({what}, {payload['baseline']} / trainer): {s['median']:.2f}x "
-                         f"(paired over {s['pairs']} repetition(s): {s['min']:.2f}..{s['max']:.2f})")
+            lines.append(
+                f"speedup ({what}, {payload['baseline']} / trainer): {s['median']:.2f}x "
+                f"(paired over {s['pairs']} repetition(s): {s['min']:.2f}..{s['max']:.2f})"
+            )
     for name, r in results.items():
         if r["reached_in"] < r["repetitions"]:
             best = ",".join(f"{a:.4f}" for a in r["best_accuracy_per_seed"] if a is not None)
-            lines.append(f"{name}: target {cfg['target_accuracy']} NOT reached within --max_steps={cfg['max_steps']} "
-                         f"in {r['repetitions'] - r['reached_in']} of {r['repetitions']} repetition(s) "
-                         f"(best test accuracy per seed: {best})")
+            lines.append(
+                f"{name}: target {cfg['target_accuracy']} NOT reached within --max_steps={cfg['max_steps']} "
+                f"in {r['repetitions'] - r['reached_in']} of {r['repetitions']} repetition(s) "
+                f"(best test accuracy per seed: {best})"
+            )
     tr = payload["trajectories"]
     diffs = ",".join("-" if d is None else f"{d:.4f}" for d in tr["max_abs_accuracy_diff_per_seed"])
-    lines.append(f"same curve? max |accuracy difference| trainer vs {payload['baseline']} at common eval steps, "
-                 f"per seed: {diffs}; same steps to target: {tr['same_steps_to_target_per_seed']}")
+    lines.append(
+        f"same curve? max |accuracy difference| trainer vs {payload['baseline']} at common eval steps, "
+        f"per seed: {diffs}; same steps to target: {tr['same_steps_to_target_per_seed']}"
+    )
     fit = results[BASELINE]["runs"][0] if results[BASELINE]["runs"] else {}
     if "jit_compile" in fit:
-        lines.append(f"  ({BASELINE}: jit_compile={fit['jit_compile']}, "
-                     f"steps_per_execution={fit['steps_per_execution']})")
-    lines.append(f"load average (1 min): {env.get('load_average_1m', float('nan')):.2f} at start, "
-                 f"{env.get('load_average_1m_end', float('nan')):.2f} at end, on {env.get('cpu_count')} CPUs")
+        lines.append(
+            f"  ({BASELINE}: jit_compile={fit['jit_compile']}, "
+            f"steps_per_execution={fit['steps_per_execution']})"
+        )
+    lines.append(
+        f"load average (1 min): {env.get('load_average_1m', float('nan')):.2f} at start, "
+        f"{env.get('load_average_1m_end', float('nan')):.2f} at end, on {env.get('cpu_count')} CPUs"
+    )
     return "\n".join(lines)
 
 

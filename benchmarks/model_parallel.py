@@ -38,10 +38,15 @@ BASELINE = "one_device"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.model_parallel", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.model_parallel",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--devices", default="2,4", help="comma-separated device counts")
-    p.add_argument("--micro_batches", type=int, default=4, help="num_micro_batches of the pipelined variants")
+    p.add_argument(
+        "--micro_batches", type=int, default=4, help="num_micro_batches of the pipelined variants"
+    )
     p.add_argument("--steps", type=int, default=10, help="timed steps per repetition and variant")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num_layers", type=int, default=4)
@@ -51,13 +56,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for model_parallel.json")
-    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
+    )
     _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
     args.argv = list(argv)
     if args.smoke:
         args.steps, args.repeats = 3, 1
-        args.num_layers, args.d_model, args.num_heads, args.seq_len, args.batch_size = 2, 16, 2, 16, 8
+        args.num_layers, args.d_model, args.num_heads, args.seq_len, args.batch_size = (
+            2,
+            16,
+            2,
+            16,
+            8,
+        )
     args.devices = _common.parse_int_list(args.devices)
     if not args.devices or min(args.devices) < 2:
         p.error(f"--devices needs counts >= 2, got {args.devices}")
@@ -85,33 +98,53 @@ def serve(args: argparse.Namespace) -> None:
     if spec["devices"] == 1:
         config = OneDevice()
     else:
-        config = ModelParallel(plan="auto", num_devices=spec["devices"], num_micro_batches=spec["micro_batches"],
-                               placement_file=None)
+        config = ModelParallel(
+            plan="auto",
+            num_devices=spec["devices"],
+            num_micro_batches=spec["micro_batches"],
+            placement_file=None,
+        )
         config.prepare_devices()
 
     def build():
         import keras
         import tensorflow as tf
+
         from recipes.model_parallel_lm.trainer import TransformerLMTrainer
-        from tfdist_trainer import loops, state as state_lib
+        from tfdist_trainer import loops
+        from tfdist_trainer import state as state_lib
         from tfdist_trainer.cluster import ClusterConfig
 
         tf.get_logger().setLevel("ERROR")
         keras.utils.set_random_seed(args.seed)
-        data_glob = [os.path.join(_common.REPO, "*.md"), os.path.join(_common.REPO, "tfdist_trainer", "*.py")]
+        data_glob = [
+            os.path.join(_common.REPO, "*.md"),
+            os.path.join(_common.REPO, "tfdist_trainer", "*.py"),
+        ]
         strategy = config.create(ClusterConfig(cluster={}))
-        trainer = TransformerLMTrainer(data_glob=data_glob, seq_len=args.seq_len, num_layers=args.num_layers,
-                                       d_model=args.d_model, num_heads=args.num_heads, d_ff=4 * args.d_model,
-                                       global_batch_size=args.batch_size, data_seed=args.seed)
+        trainer = TransformerLMTrainer(
+            data_glob=data_glob,
+            seq_len=args.seq_len,
+            num_layers=args.num_layers,
+            d_model=args.d_model,
+            num_heads=args.num_heads,
+            d_ff=4 * args.d_model,
+            global_batch_size=args.batch_size,
+            data_seed=args.seed,
+        )
         global_step, _ = state_lib.build_state(trainer, strategy, strategy_config=config)
-        loop = loops.TrainLoop(strategy, trainer, global_step, args.steps, step_fn=config.train_step_fn(trainer))
+        loop = loops.TrainLoop(
+            strategy, trainer, global_step, args.steps, step_fn=config.train_step_fn(trainer)
+        )
 
         def run(steps: int) -> float:
             return _common.loss_value(loop.train(steps))
+
         run.info = dict(spec)
         if spec["devices"] > 1:
             run.info["bytes_per_device"] = [d["bytes"] for d in config._placement.per_device()]
         return run
+
     _common.serve_variant(build, args.steps)  # tracing and the first steps, untimed
 
 
@@ -128,8 +161,10 @@ def main(argv: list[str]) -> int:
     finally:
         procs.close()
     for name in names:
-        variants[name].update({k: v for k, v in procs.info[name].items() if k != "warmup_result"},
-                              warmup_s=procs.info[name]["build_and_warmup_s"])
+        variants[name].update(
+            {k: v for k, v in procs.info[name].items() if k != "warmup_result"},
+            warmup_s=procs.info[name]["build_and_warmup_s"],
+        )
 
     results = {}
     for name in names:
@@ -142,37 +177,73 @@ def main(argv: list[str]) -> int:
     summary = {}
     for d in args.devices:
         # > 1: pipelining is faster (time unpipelined / time pipelined, paired per round).
-        summary[f"pipelined_speedup_{d}_devices"] = _common.ratio_spread(times[f"mp{d}"], times[f"mp{d}_pipelined"])
+        summary[f"pipelined_speedup_{d}_devices"] = _common.ratio_spread(
+            times[f"mp{d}"], times[f"mp{d}_pipelined"]
+        )
 
     rows = []
     for name in names:
         s = results[name]
-        rows.append([name, s["devices"], s["micro_batches"], f"{s['steps_per_s']:.2f}",
-                     f"{s['steps_per_s_min']:.2f}..{s['steps_per_s_max']:.2f}", f"{s['examples_per_s']:.0f}",
-                     f"{s['speedup_vs_one_device_paired']['median']:.2f}"])
+        rows.append(
+            [
+                name,
+                s["devices"],
+                s["micro_batches"],
+                f"{s['steps_per_s']:.2f}",
+                f"{s['steps_per_s_min']:.2f}..{s['steps_per_s_max']:.2f}",
+                f"{s['examples_per_s']:.0f}",
+                f"{s['speedup_vs_one_device_paired']['median']:.2f}",
+            ]
+        )
     print()
-    print(_common.format_table(["variant", "devices", "micro_batches", "steps/s", "min..max", "examples/s",
-                                "vs one_device"], rows))
+    print(
+        _common.format_table(
+            [
+                "variant",
+                "devices",
+                "micro_batches",
+                "steps/s",
+                "min..max",
+                "examples/s",
+                "vs one_device",
+            ],
+            rows,
+        )
+    )
     print()
     for d in args.devices:
         ratio = summary[f"pipelined_speedup_{d}_devices"]
-        print(f"pipelined ({args.micro_batches} micro-batches) vs unpipelined on {d} devices: "
-              f"{ratio['median']:.2f}x steps/s (paired per round, min..max {ratio['min']:.2f}..{ratio['max']:.2f})")
+        print(
+            f"pipelined ({args.micro_batches} micro-batches) vs unpipelined on {d} devices: "
+            f"{ratio['median']:.2f}x steps/s (paired per round, min..max {ratio['min']:.2f}..{ratio['max']:.2f})"
+        )
     figures = []
     for d in args.devices:
         for name in (f"mp{d}", f"mp{d}_pipelined"):
             p = results[name]["speedup_vs_one_device_paired"]
             mb = results[name]["micro_batches"]
-            figures.append(_common.figure(
-                f"model_parallel LM on {d} devices" + (f", {mb} micro-batches" if mb > 1 else "") + ", steps/s",
-                results[name]["steps_per_s"], "steps/s", baseline="one_device (the whole model on one device)",
-                ratio=p["median"], ratio_label="speedup", repetitions=args.repeats, spread=[p["min"], p["max"]]))
+            figures.append(
+                _common.figure(
+                    f"model_parallel LM on {d} devices"
+                    + (f", {mb} micro-batches" if mb > 1 else "")
+                    + ", steps/s",
+                    results[name]["steps_per_s"],
+                    "steps/s",
+                    baseline="one_device (the whole model on one device)",
+                    ratio=p["median"],
+                    ratio_label="speedup",
+                    repetitions=args.repeats,
+                    spread=[p["min"], p["max"]],
+                )
+            )
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.model_parallel", *sys.argv[1:]]),
         "baseline": BASELINE,
-        "config": {k: v for k, v in vars(args).items() if k not in ("out", "argv", "variant_process")},
+        "config": {
+            k: v for k, v in vars(args).items() if k not in ("out", "argv", "variant_process")
+        },
         "environment": _common.environment(),
         "results": results,
         "summary": summary,

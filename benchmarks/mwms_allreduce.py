@@ -69,7 +69,14 @@ from benchmarks import _cluster, _common
 
 NAME = "mwms_allreduce"
 BASELINE = "raw_collective"
-ALL_VARIANTS = ("train_step", "local_step", "allreduce", "raw_collective", "raw_per_tensor", "raw_scalar")
+ALL_VARIANTS = (
+    "train_step",
+    "local_step",
+    "allreduce",
+    "raw_collective",
+    "raw_per_tensor",
+    "raw_scalar",
+)
 STEP_VARIANTS = ("train_step", "local_step")
 # Group keys of the benchmark's own collectives. MultiWorkerMirroredStrategy's CollectiveKeys count
 # up from 1 (+ a class-level base of 0), one per device set, so these cannot clash with them.
@@ -89,27 +96,74 @@ DESCRIPTIONS = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.mwms_allreduce", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=100, help="timed train steps per repetition (train_step, local_step)")
-    p.add_argument("--ops", type=int, default=200, help="timed all-reduces per repetition (collective variants)")
-    p.add_argument("--ops_per_call", type=int, default=10, help="all-reduces per tf.function call (a tf.range loop)")
-    p.add_argument("--steps_per_loop", type=int, default=10, help="TrainLoop steps per tf.function call")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.mwms_allreduce",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=100,
+        help="timed train steps per repetition (train_step, local_step)",
+    )
+    p.add_argument(
+        "--ops",
+        type=int,
+        default=200,
+        help="timed all-reduces per repetition (collective variants)",
+    )
+    p.add_argument(
+        "--ops_per_call",
+        type=int,
+        default=10,
+        help="all-reduces per tf.function call (a tf.range loop)",
+    )
+    p.add_argument(
+        "--steps_per_loop", type=int, default=10, help="TrainLoop steps per tf.function call"
+    )
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (rounds) per variant")
-    p.add_argument("--warmup_steps", type=int, default=20, help="untimed steps per step variant first")
-    p.add_argument("--warmup_ops", type=int, default=20, help="untimed all-reduces per collective variant first")
+    p.add_argument(
+        "--warmup_steps", type=int, default=20, help="untimed steps per step variant first"
+    )
+    p.add_argument(
+        "--warmup_ops",
+        type=int,
+        default=20,
+        help="untimed all-reduces per collective variant first",
+    )
     p.add_argument("--num_workers", type=int, default=2)
     _common.add_model_args(p, batch_help="global batch (per replica: batch / workers)")
-    p.add_argument("--communication", default="auto", choices=("auto", "ring"),
-                   help="multi_worker_mirrored.communication (and the raw op's communication_hint)")
-    p.add_argument("--variants", default=",".join(ALL_VARIANTS),
-                   help=f"comma-separated subset of {','.join(ALL_VARIANTS)}; must include {BASELINE}")
+    p.add_argument(
+        "--communication",
+        default="auto",
+        choices=("auto", "ring"),
+        help="multi_worker_mirrored.communication (and the raw op's communication_hint)",
+    )
+    p.add_argument(
+        "--variants",
+        default=",".join(ALL_VARIANTS),
+        help=f"comma-separated subset of {','.join(ALL_VARIANTS)}; must include {BASELINE}",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--startup_timeout_s", type=float, default=180.0, help="workers waiting for each other")
-    p.add_argument("--timeout_s", type=float, default=1800.0, help="the whole run, after which workers are killed")
-    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for mwms_allreduce.json and task logs")
-    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: run as one worker task
+    p.add_argument(
+        "--startup_timeout_s", type=float, default=180.0, help="workers waiting for each other"
+    )
+    p.add_argument(
+        "--timeout_s",
+        type=float,
+        default=1800.0,
+        help="the whole run, after which workers are killed",
+    )
+    p.add_argument(
+        "--out", default=_common.DEFAULT_OUT, help="directory for mwms_allreduce.json and task logs"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
+    )
+    p.add_argument(
+        "--worker", default=None, help=argparse.SUPPRESS
+    )  # internal: run as one worker task
     args = p.parse_args(argv)
     if args.worker is not None:
         return args
@@ -130,24 +184,43 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.num_workers < 2:
         p.error(f"--num_workers must be >= 2 (a collective needs peers), got {args.num_workers}")
     if args.batch_size % args.num_workers:
-        p.error(f"--batch_size={args.batch_size} must be a multiple of --num_workers={args.num_workers}")
+        p.error(
+            f"--batch_size={args.batch_size} must be a multiple of --num_workers={args.num_workers}"
+        )
     if len(args.filters) != 2:
         p.error(f"--filters needs two widths, got {args.filters}")
     return args
 
 
 def _worker_config(args: argparse.Namespace) -> dict:
-    keys = ("steps", "ops", "ops_per_call", "steps_per_loop", "repeats", "warmup_steps", "warmup_ops",
-            "num_workers", "batch_size", "dense_units", "data", "pool_size", "communication", "variants",
-            "seed", "startup_timeout_s")
+    keys = (
+        "steps",
+        "ops",
+        "ops_per_call",
+        "steps_per_loop",
+        "repeats",
+        "warmup_steps",
+        "warmup_ops",
+        "num_workers",
+        "batch_size",
+        "dense_units",
+        "data",
+        "pool_size",
+        "communication",
+        "variants",
+        "seed",
+        "startup_timeout_s",
+    )
     return {**{k: getattr(args, k) for k in keys}, "filters": list(args.filters)}
 
 
 # -- one worker -------------------------------------------------------------------------------------
 
+
 def _pattern(num_elements: int, task_id: int):
     """What worker `task_id` contributes: (task_id + 1) * (1 + i mod 7), exact in float32."""
     import numpy as np
+
     return (task_id + 1) * (1.0 + (np.arange(num_elements) % 7))
 
 
@@ -165,14 +238,20 @@ def _collectives_in(concrete_fn) -> list[dict]:
                 t = op.inputs[0]
                 shape = t.shape.as_list() if t.shape.rank is not None else None
                 elements = t.shape.num_elements()
-                found.append({"op": op.type, "shape": shape, "dtype": t.dtype.name,
-                              "bytes": elements * t.dtype.size if elements is not None else None})
+                found.append(
+                    {
+                        "op": op.type,
+                        "shape": shape,
+                        "dtype": t.dtype.name,
+                        "bytes": elements * t.dtype.size if elements is not None else None,
+                    }
+                )
             for attr in ("body", "cond", "then_branch", "else_branch", "f", "branches"):
                 try:
                     value = op.get_attr(attr)
                 except (ValueError, TypeError):
                     continue
-                for fn_attr in (value if isinstance(value, list) else [value]):
+                for fn_attr in value if isinstance(value, list) else [value]:
                     name = getattr(fn_attr, "name", None)
                     if not name or name in seen:
                         continue
@@ -180,6 +259,7 @@ def _collectives_in(concrete_fn) -> list[dict]:
                     fn = graph._get_function(name)  # the only way to reach a loop body's graph
                     if fn is not None and getattr(fn, "graph", None) is not None:
                         walk(fn.graph)
+
     walk(concrete_fn.graph)
     return found
 
@@ -207,8 +287,11 @@ def worker_main(cfg: dict) -> int:
     # As tfdist_trainer.cli starts a multi_worker_mirrored task: listen while waiting for the peers.
     holder = cluster_lib.PortHolder(cluster.own_address.port)
     try:
-        cluster_lib.wait_for_tasks(config.peers(cluster), timeout_s=cfg["startup_timeout_s"],
-                                   waiting_for=f" (waited for by {cluster.role})")
+        cluster_lib.wait_for_tasks(
+            config.peers(cluster),
+            timeout_s=cfg["startup_timeout_s"],
+            waiting_for=f" (waited for by {cluster.role})",
+        )
     finally:
         holder.close()
     os.environ["TF_CONFIG"] = cluster.to_tf_config()
@@ -218,7 +301,8 @@ def worker_main(cfg: dict) -> int:
     import tensorflow as tf
     from tensorflow.python.ops import collective_ops
 
-    from tfdist_trainer import loops, state as state_lib
+    from tfdist_trainer import loops
+    from tfdist_trainer import state as state_lib
 
     role, task_id, workers = cluster.role, cluster.task_id, cfg["num_workers"]
     load_start = os.getloadavg()[0]
@@ -226,12 +310,21 @@ def worker_main(cfg: dict) -> int:
     keras.utils.set_random_seed(cfg["seed"])
     strategy = config.create(cluster)
     if strategy.num_replicas_in_sync != workers:
-        raise RuntimeError(f"expected {workers} replicas in sync, got {strategy.num_replicas_in_sync}")
+        raise RuntimeError(
+            f"expected {workers} replicas in sync, got {strategy.num_replicas_in_sync}"
+        )
     device = strategy.extended.worker_devices[0]
-    hint = strategy.extended._communication_options.implementation.value  # what the strategy's own ops use
-    log = (lambda msg: print(f"[{NAME} {role}] {msg}", flush=True))
-    log(f"strategy up in {time.perf_counter() - t_start:.1f}s: {workers} replicas, device {device}, "
-        f"communication_hint={hint!r}")
+    hint = (
+        strategy.extended._communication_options.implementation.value
+    )  # what the strategy's own ops use
+
+    def log(msg: str) -> None:
+        print(f"[{NAME} {role}] {msg}", flush=True)
+
+    log(
+        f"strategy up in {time.perf_counter() - t_start:.1f}s: {workers} replicas, device {device}, "
+        f"communication_hint={hint!r}"
+    )
 
     pool = _common.load_pool(cfg["data"], cfg["pool_size"], cfg["seed"])
     trainer_cls = _common.bench_trainer_cls()
@@ -239,12 +332,21 @@ def worker_main(cfg: dict) -> int:
     variants = cfg["variants"]
 
     # (a) the library's train loop under multi_worker_mirrored.
-    trainer = trainer_cls(pool=pool, global_batch_size=cfg["batch_size"], filters=filters, dense_units=dense)
+    trainer = trainer_cls(
+        pool=pool, global_batch_size=cfg["batch_size"], filters=filters, dense_units=dense
+    )
     global_step, _ = state_lib.build_state(trainer, strategy)
     mwms_loop = loops.TrainLoop(strategy, trainer, global_step, cfg["steps_per_loop"])
     variables = trainer.model.trainable_variables
-    tensors = [{"name": v.path, "shape": list(v.shape), "dtype": str(v.dtype),
-                "bytes": int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size} for v in variables]
+    tensors = [
+        {
+            "name": v.path,
+            "shape": list(v.shape),
+            "dtype": str(v.dtype),
+            "bytes": int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size,
+        }
+        for v in variables
+    ]
     grad_bytes = sum(t["bytes"] for t in tensors)
     flat_elements = grad_bytes // 4  # float32 elements of the same total bytes
 
@@ -252,29 +354,49 @@ def worker_main(cfg: dict) -> int:
     local_trainer = None
     if "local_step" in variants:
         local_strategy = OneDevice().create(None)
-        local_trainer = trainer_cls(pool=pool, global_batch_size=cfg["batch_size"] // workers, filters=filters,
-                                    dense_units=dense)
+        local_trainer = trainer_cls(
+            pool=pool,
+            global_batch_size=cfg["batch_size"] // workers,
+            filters=filters,
+            dense_units=dense,
+        )
         local_step, _ = state_lib.build_state(local_trainer, local_strategy)
-        local_loop = loops.TrainLoop(local_strategy, local_trainer, local_step, cfg["steps_per_loop"])
+        local_loop = loops.TrainLoop(
+            local_strategy, local_trainer, local_step, cfg["steps_per_loop"]
+        )
 
     # Inputs of the collectives, held in (local, non-distributed) variables so Grappler cannot fold them.
     with tf.device(device):
         grad_vars = []
         for v in variables:
             n = int(np.prod(v.shape))
-            grad_vars.append(tf.Variable(tf.cast(tf.reshape(_pattern(n, task_id), v.shape), v.dtype),
-                                         trainable=False, name="grad_buffer"))
-        flat_var = tf.Variable(tf.constant(_pattern(flat_elements, task_id), tf.float32), trainable=False,
-                               name="flat_buffer")
+            grad_vars.append(
+                tf.Variable(
+                    tf.cast(tf.reshape(_pattern(n, task_id), v.shape), v.dtype),
+                    trainable=False,
+                    name="grad_buffer",
+                )
+            )
+        flat_var = tf.Variable(
+            tf.constant(_pattern(flat_elements, task_id), tf.float32),
+            trainable=False,
+            name="flat_buffer",
+        )
         scalar_var = tf.Variable(float(task_id + 1), trainable=False, name="scalar_buffer")
         ordering = tf.Variable(0.0, trainable=False, name="raw_ordering_token")
     raw_keys, barrier_keys = _Keys(), _Keys()
 
     def raw_all_reduce(x, group_key, instance_key):
         with tf.device(device):
-            return collective_ops.all_reduce_v2(x, group_size=workers, group_key=group_key,
-                                                instance_key=instance_key, merge_op="Add",
-                                                communication_hint=hint, ordering_token=ordering.handle)
+            return collective_ops.all_reduce_v2(
+                x,
+                group_size=workers,
+                group_key=group_key,
+                instance_key=instance_key,
+                merge_op="Add",
+                communication_hint=hint,
+                ordering_token=ordering.handle,
+            )
 
     @tf.function
     def barrier_fn(instance_key):
@@ -311,6 +433,7 @@ def worker_main(cfg: dict) -> int:
                     x = var.read_value()
                 acc = acc + tf.reshape(raw_all_reduce(x, RAW_GROUP_KEY, instance_key), [-1])[0]
             return acc
+
         return raw_fn
 
     raw_flat_fn, raw_scalar_fn = make_raw_fn(flat_var), make_raw_fn(scalar_var)
@@ -331,8 +454,11 @@ def worker_main(cfg: dict) -> int:
     # -- checks: every collective sums what the workers contributed ---------------------------------
     @tf.function
     def check_allreduce():
-        out = strategy.run(lambda: tf.distribute.get_replica_context().all_reduce(
-            tf.distribute.ReduceOp.SUM, [g.read_value() for g in grad_vars]))
+        out = strategy.run(
+            lambda: tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, [g.read_value() for g in grad_vars]
+            )
+        )
         return [strategy.experimental_local_results(o)[0] for o in out]
 
     @tf.function
@@ -341,7 +467,10 @@ def worker_main(cfg: dict) -> int:
 
     @tf.function
     def check_raw_per_tensor(instance_key):
-        return [raw_all_reduce(g.read_value(), RAW_GROUP_KEY, instance_key + i) for i, g in enumerate(grad_vars)]
+        return [
+            raw_all_reduce(g.read_value(), RAW_GROUP_KEY, instance_key + i)
+            for i, g in enumerate(grad_vars)
+        ]
 
     def max_error(results, shapes_elements) -> float:
         err = 0.0
@@ -355,15 +484,20 @@ def worker_main(cfg: dict) -> int:
     checks = {}
     checks["allreduce_max_abs_error"] = max_error(check_allreduce(), elements)
     checks["raw_collective_max_abs_error"] = max_error(
-        [check_raw_flat(tf.constant(raw_keys.take(), tf.int32))], [flat_elements])
+        [check_raw_flat(tf.constant(raw_keys.take(), tf.int32))], [flat_elements]
+    )
     checks["raw_per_tensor_max_abs_error"] = max_error(
-        check_raw_per_tensor(tf.constant(raw_keys.take(len(grad_vars)), tf.int32)), elements)
+        check_raw_per_tensor(tf.constant(raw_keys.take(len(grad_vars)), tf.int32)), elements
+    )
     scalar = float(raw_scalar_fn(tf.constant(1, tf.int32), tf.constant(raw_keys.take(), tf.int32)))
     checks["raw_scalar_max_abs_error"] = abs(scalar - workers * (workers + 1) / 2)
     for name in ("allreduce", "raw_collective", "raw_per_tensor", "raw_scalar"):
         checks[f"{name}_checked"] = checks[f"{name}_max_abs_error"] == 0.0
     log(f"checks: {checks}")
-    if not all(checks[f"{n}_checked"] for n in ("allreduce", "raw_collective", "raw_per_tensor", "raw_scalar")):
+    if not all(
+        checks[f"{n}_checked"]
+        for n in ("allreduce", "raw_collective", "raw_per_tensor", "raw_scalar")
+    ):
         raise RuntimeError(f"a collective summed wrongly: {checks}")
 
     # -- the variants: each runs `count` units (steps or all-reduces) and blocks until done ----------
@@ -388,7 +522,9 @@ def worker_main(cfg: dict) -> int:
         "raw_scalar": lambda count: run_ops(raw_scalar_fn, count, 1),
     }
     counts = {v: (cfg["steps"] if v in STEP_VARIANTS else cfg["ops"]) for v in variants}
-    warmups = {v: (cfg["warmup_steps"] if v in STEP_VARIANTS else cfg["warmup_ops"]) for v in variants}
+    warmups = {
+        v: (cfg["warmup_steps"] if v in STEP_VARIANTS else cfg["warmup_ops"]) for v in variants
+    }
 
     info = {}
     for name in variants:
@@ -396,36 +532,54 @@ def worker_main(cfg: dict) -> int:
         t0 = time.perf_counter()
         runners[name](warmups[name])
         info[name] = {"warmup_s": time.perf_counter() - t0, "warmup_units": warmups[name]}
-    for name in variants:  # a second, short pass: the first call after other functions traced can be slow
+    for (
+        name
+    ) in variants:  # a second, short pass: the first call after other functions traced can be slow
         barrier()
-        runners[name](min(warmups[name], opc if name not in STEP_VARIANTS else cfg["steps_per_loop"]))
+        runners[name](
+            min(warmups[name], opc if name not in STEP_VARIANTS else cfg["steps_per_loop"])
+        )
     log("warmed up: " + ", ".join(f"{n} {info[n]['warmup_s']:.1f}s" for n in variants))
 
     times: dict[str, list[float]] = {name: [] for name in variants}
     for rep in range(cfg["repeats"]):
-        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+        order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
         for name in order:
             gc.collect()
             barrier()
             t0 = time.perf_counter()
             runners[name](counts[name])
             times[name].append(time.perf_counter() - t0)
-        log(f"round {rep + 1}/{cfg['repeats']}: " + " ".join(
-            f"{n}={1e3 * times[n][-1] / counts[n]:.3f}ms" for n in variants))
+        log(
+            f"round {rep + 1}/{cfg['repeats']}: "
+            + " ".join(f"{n}={1e3 * times[n][-1] / counts[n]:.3f}ms" for n in variants)
+        )
 
     collectives = []
     try:  # what the strategy really traced into the train loop (the loop body is a nested function)
-        concrete = mwms_loop._loop.get_concrete_function(mwms_loop._iterator, tf.TensorSpec([], tf.int64))
+        concrete = mwms_loop._loop.get_concrete_function(
+            mwms_loop._iterator, tf.TensorSpec([], tf.int64)
+        )
         collectives = _collectives_in(concrete)
     except Exception as e:  # noqa: BLE001 - inspection is informative only
         log(f"could not inspect the train loop's collectives: {type(e).__name__}: {e}")
     result = {
-        "role": role, "task_id": task_id, "times_s": times, "counts": counts, "info": info,
-        "gradient": {"bytes": grad_bytes, "num_tensors": len(tensors), "tensors": tensors,
-                     "flat_float32_elements": flat_elements},
-        "checks": checks, "train_loop_collectives": collectives,
+        "role": role,
+        "task_id": task_id,
+        "times_s": times,
+        "counts": counts,
+        "info": info,
+        "gradient": {
+            "bytes": grad_bytes,
+            "num_tensors": len(tensors),
+            "tensors": tensors,
+            "flat_float32_elements": flat_elements,
+        },
+        "checks": checks,
+        "train_loop_collectives": collectives,
         "global_step": int(global_step.numpy()),
-        "load_average_1m_start": load_start, "load_average_1m_end": os.getloadavg()[0],
+        "load_average_1m_start": load_start,
+        "load_average_1m_end": os.getloadavg()[0],
         "environment": _common.environment(),
     }
     print(RESULT_PREFIX + json.dumps(result), flush=True)
@@ -435,6 +589,7 @@ def worker_main(cfg: dict) -> int:
 
 # -- the driver -----------------------------------------------------------------------------------------
 
+
 def _wait_all(servers: _cluster.LocalCluster, roles: list[str], timeout_s: float) -> None:
     """Waits for every worker; the first that fails stops the wait (its peers would hang)."""
     deadline = time.monotonic() + timeout_s
@@ -442,13 +597,17 @@ def _wait_all(servers: _cluster.LocalCluster, roles: list[str], timeout_s: float
         codes = {r: servers.procs[r].poll() for r in roles}
         failed = [r for r, c in codes.items() if c not in (None, 0)]
         if failed:
-            raise RuntimeError(f"{failed[0]} exited with code {codes[failed[0]]}; its log:\n"
-                               f"{servers.log_tail(failed[0], 6000)}")
+            raise RuntimeError(
+                f"{failed[0]} exited with code {codes[failed[0]]}; its log:\n"
+                f"{servers.log_tail(failed[0], 6000)}"
+            )
         if all(c == 0 for c in codes.values()):
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"workers did not finish in {timeout_s:g}s; log of {roles[0]}:\n"
-                               f"{servers.log_tail(roles[0], 4000)}")
+            raise TimeoutError(
+                f"workers did not finish in {timeout_s:g}s; log of {roles[0]}:\n"
+                f"{servers.log_tail(roles[0], 4000)}"
+            )
         time.sleep(0.5)
 
 
@@ -458,8 +617,12 @@ def _per_unit(times: list[float], count: int) -> list[float]:
 
 def _stats(times: list[float], count: int) -> dict:
     per = _per_unit(times, count)
-    return {**_common.summarize(times, count), "time_per_unit_ms_median": 1e3 * statistics.median(per),
-            "time_per_unit_ms_min": 1e3 * min(per), "time_per_unit_ms_max": 1e3 * max(per)}
+    return {
+        **_common.summarize(times, count),
+        "time_per_unit_ms_median": 1e3 * statistics.median(per),
+        "time_per_unit_ms_min": 1e3 * min(per),
+        "time_per_unit_ms_max": 1e3 * max(per),
+    }
 
 
 def analyse(w0: dict, w1: dict | None, cfg: dict) -> dict:
@@ -470,17 +633,28 @@ def analyse(w0: dict, w1: dict | None, cfg: dict) -> dict:
     results = {}
     for name in variants:
         unit = "step" if name in STEP_VARIANTS else "all-reduce"
-        results[name] = {"description": DESCRIPTIONS[name].format(spl=cfg["steps_per_loop"], opc=cfg["ops_per_call"]),
-                         "unit": unit, **_stats(times[name], counts[name]), **w0["info"][name]}
+        results[name] = {
+            "description": DESCRIPTIONS[name].format(
+                spl=cfg["steps_per_loop"], opc=cfg["ops_per_call"]
+            ),
+            "unit": unit,
+            **_stats(times[name], counts[name]),
+            **w0["info"][name],
+        }
         if w1 is not None:
             results[name]["worker1_time_per_unit_ms_median"] = 1e3 * statistics.median(
-                _per_unit(w1["times_s"][name], w1["counts"][name]))
+                _per_unit(w1["times_s"][name], w1["counts"][name])
+            )
     per = {n: _per_unit(times[n], counts[n]) for n in variants}
     base_ms = results[BASELINE]["time_per_unit_ms_median"]
     for name in variants:
         if name not in STEP_VARIANTS:
-            results[name]["time_ratio_vs_raw_collective"] = results[name]["time_per_unit_ms_median"] / base_ms
-            results[name]["time_ratio_vs_raw_collective_paired"] = _common.ratio_spread(per[name], per[BASELINE])
+            results[name]["time_ratio_vs_raw_collective"] = (
+                results[name]["time_per_unit_ms_median"] / base_ms
+            )
+            results[name]["time_ratio_vs_raw_collective_paired"] = _common.ratio_spread(
+                per[name], per[BASELINE]
+            )
 
     grad = w0["gradient"]
     ratios: dict = {}
@@ -490,67 +664,129 @@ def analyse(w0: dict, w1: dict | None, cfg: dict) -> dict:
         paired = _common.ratio_spread(per["allreduce"], per[BASELINE])
         ratio = results["allreduce"]["time_per_unit_ms_median"] / base_ms
         # Best-of: the least disturbed repetition of each; robust when other jobs share the machine.
-        ratios["allreduce_over_raw_collective"] = {"ratio_of_medians": ratio, "paired": paired,
-                                                   "best_of": min(per["allreduce"]) / min(per[BASELINE])}
-        figures.append(_common.figure(
-            f"MWMS strategy all-reduce vs raw collective, same bytes ({grad['bytes']:,} B in "
-            f"{grad['num_tensors']} tensors)", results["allreduce"]["time_per_unit_ms_median"], "ms per all-reduce",
-            baseline=f"raw_collective: one CollectiveReduceV2 on a flat float32 tensor of {grad['bytes']:,} B "
-                     f"({base_ms:.3f} ms)",
-            ratio=ratio, ratio_label="time ratio (strategy all-reduce / raw op)", repetitions=reps,
-            spread=[paired["min"], paired["max"]]))
+        ratios["allreduce_over_raw_collective"] = {
+            "ratio_of_medians": ratio,
+            "paired": paired,
+            "best_of": min(per["allreduce"]) / min(per[BASELINE]),
+        }
+        figures.append(
+            _common.figure(
+                f"MWMS strategy all-reduce vs raw collective, same bytes ({grad['bytes']:,} B in "
+                f"{grad['num_tensors']} tensors)",
+                results["allreduce"]["time_per_unit_ms_median"],
+                "ms per all-reduce",
+                baseline=f"raw_collective: one CollectiveReduceV2 on a flat float32 tensor of {grad['bytes']:,} B "
+                f"({base_ms:.3f} ms)",
+                ratio=ratio,
+                ratio_label="time ratio (strategy all-reduce / raw op)",
+                repetitions=reps,
+                spread=[paired["min"], paired["max"]],
+            )
+        )
     if "raw_per_tensor" in per:
         paired = _common.ratio_spread(per["raw_per_tensor"], per[BASELINE])
         ratios["raw_per_tensor_over_raw_collective"] = {
-            "ratio_of_medians": results["raw_per_tensor"]["time_per_unit_ms_median"] / base_ms, "paired": paired,
-            "best_of": min(per["raw_per_tensor"]) / min(per[BASELINE])}
+            "ratio_of_medians": results["raw_per_tensor"]["time_per_unit_ms_median"] / base_ms,
+            "paired": paired,
+            "best_of": min(per["raw_per_tensor"]) / min(per[BASELINE]),
+        }
     if "train_step" in per and "local_step" in per:
         a, d = per["train_step"], per["local_step"]
         paired = _common.ratio_spread(a, d)
         comm = [x - y for x, y in zip(a, d)]
         share = [(x - y) / x for x, y in zip(a, d)]
-        a_ms, d_ms = results["train_step"]["time_per_unit_ms_median"], results["local_step"]["time_per_unit_ms_median"]
-        ratios["train_step_over_local_step"] = {"ratio_of_medians": a_ms / d_ms, "paired": paired,
-                                                "best_of": min(a) / min(d)}
-        ratios["communication_ms_per_step"] = {"median": 1e3 * statistics.median(comm), "min": 1e3 * min(comm),
-                                               "max": 1e3 * max(comm), "difference_of_medians": a_ms - d_ms,
-                                               "best_of": 1e3 * (min(a) - min(d))}
-        ratios["communication_share_of_step"] = {"median": statistics.median(share), "min": min(share),
-                                                 "max": max(share)}
-        figures.append(_common.figure(
-            f"MWMS step vs local step ({cfg['num_workers']} workers, same per-replica batch)", a_ms, "ms per step",
-            baseline=f"local_step: the same step under one_device, no communication ({d_ms:.3f} ms)",
-            ratio=a_ms / d_ms, ratio_label="time ratio (MWMS step / local step)", repetitions=reps,
-            spread=[paired["min"], paired["max"]]))
-        figures.append(_common.figure(
-            "Communication per MWMS step (train_step - local_step)", 1e3 * statistics.median(comm), "ms per step",
-            baseline=f"train_step ({a_ms:.3f} ms)", ratio=statistics.median(share),
-            ratio_label="share of the MWMS step", repetitions=reps, spread=[min(share), max(share)]))
+        a_ms, d_ms = (
+            results["train_step"]["time_per_unit_ms_median"],
+            results["local_step"]["time_per_unit_ms_median"],
+        )
+        ratios["train_step_over_local_step"] = {
+            "ratio_of_medians": a_ms / d_ms,
+            "paired": paired,
+            "best_of": min(a) / min(d),
+        }
+        ratios["communication_ms_per_step"] = {
+            "median": 1e3 * statistics.median(comm),
+            "min": 1e3 * min(comm),
+            "max": 1e3 * max(comm),
+            "difference_of_medians": a_ms - d_ms,
+            "best_of": 1e3 * (min(a) - min(d)),
+        }
+        ratios["communication_share_of_step"] = {
+            "median": statistics.median(share),
+            "min": min(share),
+            "max": max(share),
+        }
+        figures.append(
+            _common.figure(
+                f"MWMS step vs local step ({cfg['num_workers']} workers, same per-replica batch)",
+                a_ms,
+                "ms per step",
+                baseline=f"local_step: the same step under one_device, no communication ({d_ms:.3f} ms)",
+                ratio=a_ms / d_ms,
+                ratio_label="time ratio (MWMS step / local step)",
+                repetitions=reps,
+                spread=[paired["min"], paired["max"]],
+            )
+        )
+        figures.append(
+            _common.figure(
+                "Communication per MWMS step (train_step - local_step)",
+                1e3 * statistics.median(comm),
+                "ms per step",
+                baseline=f"train_step ({a_ms:.3f} ms)",
+                ratio=statistics.median(share),
+                ratio_label="share of the MWMS step",
+                repetitions=reps,
+                spread=[min(share), max(share)],
+            )
+        )
         if "allreduce" in per:
             ar_share = [x / y for x, y in zip(per["allreduce"], a)]
-            ratios["allreduce_share_of_step"] = {"median": statistics.median(ar_share), "min": min(ar_share),
-                                                 "max": max(ar_share)}
+            ratios["allreduce_share_of_step"] = {
+                "median": statistics.median(ar_share),
+                "min": min(ar_share),
+                "max": max(ar_share),
+            }
             # Issue 11's budget: a worker's step may cost 1.2x the local step plus the gradient all-reduce.
             budget = [TARGET_LOCAL_FACTOR * y + r for y, r in zip(d, per["allreduce"])]
             over = _common.ratio_spread(a, budget)
             budget_ms = 1e3 * statistics.median(budget)
-            ratios["train_step_over_budget"] = {"ratio_of_medians": a_ms / budget_ms, "paired": over,
-                                                "budget_ms": budget_ms}
-            figures.append(_common.figure(
-                f"MWMS step vs its budget: {TARGET_LOCAL_FACTOR} x local step + measured gradient all-reduce",
-                a_ms, "ms per step", baseline=f"{TARGET_LOCAL_FACTOR} x local_step + allreduce ({budget_ms:.3f} ms)",
-                ratio=a_ms / budget_ms, ratio_label="time ratio (MWMS step / budget)", repetitions=reps,
-                spread=[over["min"], over["max"]], target="<= 1.0", meets_target=a_ms / budget_ms <= 1.0))
+            ratios["train_step_over_budget"] = {
+                "ratio_of_medians": a_ms / budget_ms,
+                "paired": over,
+                "budget_ms": budget_ms,
+            }
+            figures.append(
+                _common.figure(
+                    f"MWMS step vs its budget: {TARGET_LOCAL_FACTOR} x local step + measured gradient all-reduce",
+                    a_ms,
+                    "ms per step",
+                    baseline=f"{TARGET_LOCAL_FACTOR} x local_step + allreduce ({budget_ms:.3f} ms)",
+                    ratio=a_ms / budget_ms,
+                    ratio_label="time ratio (MWMS step / budget)",
+                    repetitions=reps,
+                    spread=[over["min"], over["max"]],
+                    target="<= 1.0",
+                    meets_target=a_ms / budget_ms <= 1.0,
+                )
+            )
     if "allreduce" in per:
         bw = [grad["bytes"] / t / 1e6 for t in per["allreduce"]]
         raw_bw = [grad["bytes"] / t / 1e6 for t in per[BASELINE]]
         paired = _common.ratio_spread(bw, raw_bw)
-        figures.append(_common.figure(
-            f"Gradient bytes per all-reduce: {grad['bytes']:,} B ({mb:.3f} MB, {grad['num_tensors']} tensors), "
-            f"algorithm bandwidth", statistics.median(bw), "MB/s (bytes per all-reduce / time)",
-            baseline=f"raw_collective on the same bytes ({statistics.median(raw_bw):.1f} MB/s)",
-            ratio=statistics.median(bw) / statistics.median(raw_bw), ratio_label="bandwidth ratio (strategy / raw)",
-            repetitions=reps, spread=[paired["min"], paired["max"]]))
+        figures.append(
+            _common.figure(
+                f"Gradient bytes per all-reduce: {grad['bytes']:,} B ({mb:.3f} MB, {grad['num_tensors']} tensors), "
+                f"algorithm bandwidth",
+                statistics.median(bw),
+                "MB/s (bytes per all-reduce / time)",
+                baseline=f"raw_collective on the same bytes ({statistics.median(raw_bw):.1f} MB/s)",
+                ratio=statistics.median(bw) / statistics.median(raw_bw),
+                ratio_label="bandwidth ratio (strategy / raw)",
+                repetitions=reps,
+                spread=[paired["min"], paired["max"]],
+            )
+        )
     return {"results": results, "ratios": ratios, "figures": figures}
 
 
@@ -564,28 +800,41 @@ def run(args: argparse.Namespace) -> dict:
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
     with _cluster.LocalCluster(cluster, run_dir, gin_files=[], serve_types=()) as servers:
-        print(f"[{NAME}] {args.num_workers} multi_worker_mirrored workers on 127.0.0.1 "
-              f"({', '.join(cluster['worker'])}); "
-              f"task logs in {servers.log_dir}", flush=True)
+        print(
+            f"[{NAME}] {args.num_workers} multi_worker_mirrored workers on 127.0.0.1 "
+            f"({', '.join(cluster['worker'])}); "
+            f"task logs in {servers.log_dir}",
+            flush=True,
+        )
         for i, role in enumerate(roles):
-            servers.spawn(role, [sys.executable, "-m", f"benchmarks.{NAME}", f"--worker={json.dumps(cfg)}"],
-                          _cluster.task_env(cluster, "worker", i))
+            servers.spawn(
+                role,
+                [sys.executable, "-m", f"benchmarks.{NAME}", f"--worker={json.dumps(cfg)}"],
+                _cluster.task_env(cluster, "worker", i),
+            )
         _wait_all(servers, roles, args.timeout_s)
         measured = [servers.result_line(role, RESULT_PREFIX) for role in roles]
     wall = time.perf_counter() - t0
     w0 = measured[0]
     analysed = analyse(w0, measured[1] if len(measured) > 1 else None, cfg)
-    environment = {**w0["environment"], "load_average_1m_driver_start": load_start,
-                   "load_average_1m_driver_end": os.getloadavg()[0],
-                   "load_average_1m_worker0_start": w0["load_average_1m_start"],
-                   "load_average_1m_worker0_end": w0["load_average_1m_end"]}
+    environment = {
+        **w0["environment"],
+        "load_average_1m_driver_start": load_start,
+        "load_average_1m_driver_end": os.getloadavg()[0],
+        "load_average_1m_worker0_start": w0["load_average_1m_start"],
+        "load_average_1m_worker0_end": w0["load_average_1m_end"],
+    }
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join([f"python -m benchmarks.{NAME}", *sys.argv[1:]]),
-        "config": {**{k: v for k, v in cfg.items() if k != "startup_timeout_s"}, "strategy": "multi_worker_mirrored",
-                   "per_replica_batch_size": args.batch_size // args.num_workers,
-                   "raw_group_key": RAW_GROUP_KEY, "barrier_group_key": BARRIER_GROUP_KEY},
+        "config": {
+            **{k: v for k, v in cfg.items() if k != "startup_timeout_s"},
+            "strategy": "multi_worker_mirrored",
+            "per_replica_batch_size": args.batch_size // args.num_workers,
+            "raw_group_key": RAW_GROUP_KEY,
+            "barrier_group_key": BARRIER_GROUP_KEY,
+        },
         "environment": environment,
         "cluster": cluster,
         "wall_s": wall,
@@ -611,44 +860,77 @@ def format_report(payload: dict) -> str:
     for name, r in results.items():
         ratio = r.get("time_ratio_vs_raw_collective")
         paired = r.get("time_ratio_vs_raw_collective_paired")
-        rows.append([name, r["unit"], f"{r['time_per_unit_ms_median']:.3f}",
-                     f"{r['time_per_unit_ms_min']:.3f}..{r['time_per_unit_ms_max']:.3f}",
-                     f"{r.get('worker1_time_per_unit_ms_median', float('nan')):.3f}",
-                     f"{ratio:.3f}" if ratio is not None else "-",
-                     f"{paired['min']:.3f}..{paired['max']:.3f}" if paired else "-", r["description"]])
+        rows.append(
+            [
+                name,
+                r["unit"],
+                f"{r['time_per_unit_ms_median']:.3f}",
+                f"{r['time_per_unit_ms_min']:.3f}..{r['time_per_unit_ms_max']:.3f}",
+                f"{r.get('worker1_time_per_unit_ms_median', float('nan')):.3f}",
+                f"{ratio:.3f}" if ratio is not None else "-",
+                f"{paired['min']:.3f}..{paired['max']:.3f}" if paired else "-",
+                r["description"],
+            ]
+        )
     env = payload["environment"]
-    lines = [(f"multi_worker_mirrored, {cfg['num_workers']} workers on 127.0.0.1, {cfg['repeats']} repetitions "
-              f"(median, min..max over repetitions, worker 0), global batch {cfg['batch_size']} "
-              f"({cfg['per_replica_batch_size']} per replica); {payload['gradient_bytes']:,} gradient bytes in "
-              f"{payload['num_tensors']} tensors; baseline: {payload['baseline']} (ratio = time / its time)"),
-             _common.format_table(["variant", "per", "ms", "ms min..max", "worker1 ms", "ratio vs raw",
-                                   "paired", "what"], rows, left=(0, 1, 7))]
+    lines = [
+        (
+            f"multi_worker_mirrored, {cfg['num_workers']} workers on 127.0.0.1, {cfg['repeats']} repetitions "
+            f"(median, min..max over repetitions, worker 0), global batch {cfg['batch_size']} "
+            f"({cfg['per_replica_batch_size']} per replica); {payload['gradient_bytes']:,} gradient bytes in "
+            f"{payload['num_tensors']} tensors; baseline: {payload['baseline']} (ratio = time / its time)"
+        ),
+        _common.format_table(
+            ["variant", "per", "ms", "ms min..max", "worker1 ms", "ratio vs raw", "paired", "what"],
+            rows,
+            left=(0, 1, 7),
+        ),
+    ]
     r = payload["ratios"]
     if "communication_ms_per_step" in r:
-        c, s, t = r["communication_ms_per_step"], r["communication_share_of_step"], r["train_step_over_local_step"]
-        lines.append(f"train_step - local_step: {c['median']:.3f} ms per step ({c['min']:.3f}..{c['max']:.3f}, "
-                     f"best-of {c['best_of']:.3f}), {100 * s['median']:.1f}% of the MWMS step "
-                     f"({100 * s['min']:.1f}..{100 * s['max']:.1f}%); train_step / local_step "
-                     f"{t['ratio_of_medians']:.3f} (paired {t['paired']['min']:.3f}..{t['paired']['max']:.3f}, "
-                     f"best-of {t['best_of']:.3f})")
+        c, s, t = (
+            r["communication_ms_per_step"],
+            r["communication_share_of_step"],
+            r["train_step_over_local_step"],
+        )
+        lines.append(
+            f"train_step - local_step: {c['median']:.3f} ms per step ({c['min']:.3f}..{c['max']:.3f}, "
+            f"best-of {c['best_of']:.3f}), {100 * s['median']:.1f}% of the MWMS step "
+            f"({100 * s['min']:.1f}..{100 * s['max']:.1f}%); train_step / local_step "
+            f"{t['ratio_of_medians']:.3f} (paired {t['paired']['min']:.3f}..{t['paired']['max']:.3f}, "
+            f"best-of {t['best_of']:.3f})"
+        )
     if "allreduce_over_raw_collective" in r:
         a = r["allreduce_over_raw_collective"]
-        lines.append(f"strategy all-reduce / raw collective, same bytes: {a['ratio_of_medians']:.3f} "
-                     f"(paired per round {a['paired']['min']:.3f}..{a['paired']['max']:.3f}, best-of "
-                     f"{a['best_of']:.3f})")
+        lines.append(
+            f"strategy all-reduce / raw collective, same bytes: {a['ratio_of_medians']:.3f} "
+            f"(paired per round {a['paired']['min']:.3f}..{a['paired']['max']:.3f}, best-of "
+            f"{a['best_of']:.3f})"
+        )
     if "allreduce_share_of_step" in r:
         s = r["allreduce_share_of_step"]
-        lines.append(f"one isolated gradient all-reduce = {100 * s['median']:.1f}% of an MWMS step "
-                     f"({100 * s['min']:.1f}..{100 * s['max']:.1f}%)")
+        lines.append(
+            f"one isolated gradient all-reduce = {100 * s['median']:.1f}% of an MWMS step "
+            f"({100 * s['min']:.1f}..{100 * s['max']:.1f}%)"
+        )
     coll = payload.get("train_loop_collectives") or []
     if coll:
-        lines.append("collectives traced into the train loop: " + "; ".join(
-            f"{c['op']} {c['shape']} {c['dtype']} = "
-            + (f"{c['bytes']:,} B" if c["bytes"] is not None else "? B") for c in coll))
-    lines.append(f"checks: raw collective sums {'OK' if payload['raw_collective_checked'] else 'WRONG'}, "
-                 f"strategy all-reduce sums {'OK' if payload['allreduce_checked'] else 'WRONG'}")
-    lines.append(f"load average (1 min): driver start {env.get('load_average_1m_driver_start', float('nan')):.2f}, "
-                 f"end {env.get('load_average_1m_driver_end', float('nan')):.2f} on {env.get('cpu_count')} CPUs")
+        lines.append(
+            "collectives traced into the train loop: "
+            + "; ".join(
+                f"{c['op']} {c['shape']} {c['dtype']} = "
+                + (f"{c['bytes']:,} B" if c["bytes"] is not None else "? B")
+                for c in coll
+            )
+        )
+    lines.append(
+        f"checks: raw collective sums {'OK' if payload['raw_collective_checked'] else 'WRONG'}, "
+        f"strategy all-reduce sums {'OK' if payload['allreduce_checked'] else 'WRONG'}"
+    )
+    lines.append(
+        f"load average (1 min): driver start {env.get('load_average_1m_driver_start', float('nan')):.2f}, "
+        f"end {env.get('load_average_1m_driver_end', float('nan')):.2f} on {env.get('cpu_count')} CPUs"
+    )
     return "\n".join(lines)
 
 

@@ -38,27 +38,60 @@ def parse_layout(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ps_ratios", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layouts", default="1:1,1:2,2:2", help="comma-separated ps:worker counts; the first is the baseline")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ps_ratios",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--layouts",
+        default="1:1,1:2,2:2",
+        help="comma-separated ps:worker counts; the first is the baseline",
+    )
     p.add_argument("--steps", type=int, default=500, help="timed steps per repetition")
-    p.add_argument("--steps_per_call", type=int, default=100, help="steps per loop.train() call (the log interval)")
-    p.add_argument("--steps_per_loop", type=int, default=10, help="parameter_server.steps_per_loop for every layout")
-    p.add_argument("--rounds", type=int, default=2, help="times every layout is started and measured")
+    p.add_argument(
+        "--steps_per_call",
+        type=int,
+        default=100,
+        help="steps per loop.train() call (the log interval)",
+    )
+    p.add_argument(
+        "--steps_per_loop",
+        type=int,
+        default=10,
+        help="parameter_server.steps_per_loop for every layout",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, help="times every layout is started and measured"
+    )
     p.add_argument("--repeats", type=int, default=2, help="timed repetitions per layout and round")
     p.add_argument("--warmup_steps", type=int, default=100)
     p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for ps_ratios.json and per-layout runs")
-    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one round (for tests)")
+    p.add_argument(
+        "--out",
+        default=_common.DEFAULT_OUT,
+        help="directory for ps_ratios.json and per-layout runs",
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes, one round (for tests)"
+    )
     args = p.parse_args(argv)
     try:
         args.layouts = [parse_layout(t) for t in args.layouts.replace(" ", "").split(",") if t]
     except ValueError:
-        p.error(f"--layouts needs ps:worker pairs of positive integers such as 1:2, got {args.layouts!r}")
+        p.error(
+            f"--layouts needs ps:worker pairs of positive integers such as 1:2, got {args.layouts!r}"
+        )
     if not args.layouts or len(set(args.layouts)) != len(args.layouts):
         p.error("--layouts needs at least one layout and no repeats")
     if args.smoke:
-        args.steps, args.steps_per_call, args.rounds, args.repeats, args.warmup_steps = 20, 20, 1, 1, 10
+        args.steps, args.steps_per_call, args.rounds, args.repeats, args.warmup_steps = (
+            20,
+            20,
+            1,
+            1,
+            10,
+        )
         args.batch_size = 16
     for name in ("steps", "steps_per_call", "steps_per_loop", "rounds", "repeats", "batch_size"):
         if getattr(args, name) < 1:
@@ -75,22 +108,45 @@ def label(layout: tuple[int, int]) -> str:
 def measure_layout(args: argparse.Namespace, layout: tuple[int, int], round_index: int) -> dict:
     """One cluster of this layout, measured by ps_steps_per_loop; returns its single result row."""
     num_ps, num_workers = layout
-    out = os.path.join(os.path.abspath(args.out), NAME, f"ps{num_ps}_w{num_workers}_round{round_index}")
-    cmd = [sys.executable, "-m", "benchmarks.ps_steps_per_loop", f"--out={out}",
-           f"--num_ps={num_ps}", f"--num_workers={num_workers}", f"--steps_per_loop={args.steps_per_loop}",
-           f"--steps={args.steps}", f"--steps_per_call={args.steps_per_call}", f"--repeats={args.repeats}",
-           f"--warmup_steps={args.warmup_steps}", f"--batch_size={args.batch_size}"]
+    out = os.path.join(
+        os.path.abspath(args.out), NAME, f"ps{num_ps}_w{num_workers}_round{round_index}"
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.ps_steps_per_loop",
+        f"--out={out}",
+        f"--num_ps={num_ps}",
+        f"--num_workers={num_workers}",
+        f"--steps_per_loop={args.steps_per_loop}",
+        f"--steps={args.steps}",
+        f"--steps_per_call={args.steps_per_call}",
+        f"--repeats={args.repeats}",
+        f"--warmup_steps={args.warmup_steps}",
+        f"--batch_size={args.batch_size}",
+    ]
     if args.smoke:
         cmd += ["--filters=4,8", "--dense_units=16"]
-    proc = subprocess.run(cmd, cwd=_common.REPO, env=_cluster.task_env(None), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(
+        cmd,
+        cwd=_common.REPO,
+        env=_cluster.task_env(None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"layout {label(layout)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+        raise RuntimeError(
+            f"layout {label(layout)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
+        )
     with open(os.path.join(out, "ps_steps_per_loop.json")) as f:
         payload = json.load(f)
     (row,) = payload["results"]
-    return {"times_s": row["times_s"], "global_step_exact": payload["global_step_exact"],
-            "environment": payload["environment"]}
+    return {
+        "times_s": row["times_s"],
+        "global_step_exact": payload["global_step_exact"],
+        "environment": payload["environment"],
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -98,15 +154,18 @@ def run(args: argparse.Namespace) -> dict:
     round_medians: dict[str, list[float]] = {label(lay): [] for lay in args.layouts}
     exact, environment = True, None
     for r in range(args.rounds):
-        order = args.layouts[r % len(args.layouts):] + args.layouts[:r % len(args.layouts)]
+        order = args.layouts[r % len(args.layouts) :] + args.layouts[: r % len(args.layouts)]
         for layout in order:
             m = measure_layout(args, layout, r)
             times[label(layout)] += m["times_s"]
             round_medians[label(layout)].append(statistics.median(m["times_s"]))
             exact = exact and m["global_step_exact"]
             environment = m["environment"]
-            print(f"[{NAME}] round {r + 1}/{args.rounds} ps:worker {label(layout)}: "
-                  f"{args.steps / statistics.median(m['times_s']):.1f} steps/s", flush=True)
+            print(
+                f"[{NAME}] round {r + 1}/{args.rounds} ps:worker {label(layout)}: "
+                f"{args.steps / statistics.median(m['times_s']):.1f} steps/s",
+                flush=True,
+            )
 
     base = label(args.layouts[0])
     results = {}
@@ -117,22 +176,40 @@ def run(args: argparse.Namespace) -> dict:
         s["examples_per_s"] = s["steps_per_s"] * args.batch_size
         s["examples_per_s_per_worker"] = s["examples_per_s"] / layout[1]
         s["speedup_vs_baseline"] = statistics.median(times[base]) / s["time_s_median"]
-        s["speedup_vs_baseline_paired"] = _common.ratio_spread(round_medians[base], round_medians[name])
+        s["speedup_vs_baseline_paired"] = _common.ratio_spread(
+            round_medians[base], round_medians[name]
+        )
         results[name] = s
-    figures = [_common.figure(
-        f"parameter_server ps:worker {name}, examples/s", r["examples_per_s"], "examples/s",
-        baseline=f"ps:worker {base}", ratio=r["speedup_vs_baseline"], ratio_label="speedup",
-        repetitions=r["repetitions"],
-        spread=[r["speedup_vs_baseline_paired"]["min"], r["speedup_vs_baseline_paired"]["max"]])
-        for name, r in results.items() if name != base]
+    figures = [
+        _common.figure(
+            f"parameter_server ps:worker {name}, examples/s",
+            r["examples_per_s"],
+            "examples/s",
+            baseline=f"ps:worker {base}",
+            ratio=r["speedup_vs_baseline"],
+            ratio_label="speedup",
+            repetitions=r["repetitions"],
+            spread=[r["speedup_vs_baseline_paired"]["min"], r["speedup_vs_baseline_paired"]["max"]],
+        )
+        for name, r in results.items()
+        if name != base
+    ]
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.ps_ratios", *sys.argv[1:]]),
-        "config": {"layouts": [label(lay) for lay in args.layouts], "steps": args.steps,
-                   "steps_per_call": args.steps_per_call, "steps_per_loop": args.steps_per_loop,
-                   "rounds": args.rounds, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
-                   "batch_size": args.batch_size, "model": "recipes/mnist CNN", "strategy": "parameter_server"},
+        "config": {
+            "layouts": [label(lay) for lay in args.layouts],
+            "steps": args.steps,
+            "steps_per_call": args.steps_per_call,
+            "steps_per_loop": args.steps_per_loop,
+            "rounds": args.rounds,
+            "repeats": args.repeats,
+            "warmup_steps": args.warmup_steps,
+            "batch_size": args.batch_size,
+            "model": "recipes/mnist CNN",
+            "strategy": "parameter_server",
+        },
         "environment": environment,
         "baseline": f"ps:worker {base}",
         "results": results,
@@ -148,17 +225,38 @@ def format_report(payload: dict) -> str:
     rows = []
     for name, r in payload["results"].items():
         p = r["speedup_vs_baseline_paired"]
-        rows.append([name, f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
-                     f"{r['examples_per_s']:,.0f}", f"{r['examples_per_s_per_worker']:,.0f}",
-                     f"{r['speedup_vs_baseline']:.2f}x", f"{p['min']:.2f}..{p['max']:.2f}"])
-    return "\n".join([
-        f"parameter_server, steps_per_loop {cfg['steps_per_loop']}, batch {cfg['batch_size']}, {cfg['steps']} steps x "
-        f"{cfg['repeats']} repetitions x {cfg['rounds']} rounds (a fresh cluster per layout and round); "
-        f"baseline: {payload['baseline']} (speedup paired per round); "
-        f"{payload['environment'].get('cpu_count')} CPU cores shared by every task",
-        _common.format_table(["ps:worker", "steps/s", "steps/s min..max", "examples/s", "examples/s/worker",
-                              "speedup", "paired"], rows),
-        f"global step exact in every run: {payload['global_step_exact']}"])
+        rows.append(
+            [
+                name,
+                f"{r['steps_per_s']:.1f}",
+                f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                f"{r['examples_per_s']:,.0f}",
+                f"{r['examples_per_s_per_worker']:,.0f}",
+                f"{r['speedup_vs_baseline']:.2f}x",
+                f"{p['min']:.2f}..{p['max']:.2f}",
+            ]
+        )
+    return "\n".join(
+        [
+            f"parameter_server, steps_per_loop {cfg['steps_per_loop']}, batch {cfg['batch_size']}, {cfg['steps']} steps x "
+            f"{cfg['repeats']} repetitions x {cfg['rounds']} rounds (a fresh cluster per layout and round); "
+            f"baseline: {payload['baseline']} (speedup paired per round); "
+            f"{payload['environment'].get('cpu_count')} CPU cores shared by every task",
+            _common.format_table(
+                [
+                    "ps:worker",
+                    "steps/s",
+                    "steps/s min..max",
+                    "examples/s",
+                    "examples/s/worker",
+                    "speedup",
+                    "paired",
+                ],
+                rows,
+            ),
+            f"global step exact in every run: {payload['global_step_exact']}",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,31 +39,58 @@ NAME = "ps_steps_per_loop"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ps_steps_per_loop", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps_per_loop", default="1,10,100,auto",
-                   help="comma-separated K values, or 'auto' (the tuner); the first is the baseline")
-    p.add_argument("--steps", type=int, default=1000, help="timed steps per repetition, K and call size")
-    p.add_argument("--steps_per_call", default="100,1000",
-                   help="comma-separated steps per loop.train() call (tfdist-train: the log interval; "
-                        "configs/mnist.gin logs every 100)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ps_steps_per_loop",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--steps_per_loop",
+        default="1,10,100,auto",
+        help="comma-separated K values, or 'auto' (the tuner); the first is the baseline",
+    )
+    p.add_argument(
+        "--steps", type=int, default=1000, help="timed steps per repetition, K and call size"
+    )
+    p.add_argument(
+        "--steps_per_call",
+        default="100,1000",
+        help="comma-separated steps per loop.train() call (tfdist-train: the log interval; "
+        "configs/mnist.gin logs every 100)",
+    )
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup_steps", type=int, default=200,
-                   help="untimed steps per K first (at least num_workers * K, so every worker runs a closure)")
-    p.add_argument("--max_tuning_steps", type=int, default=5000, help="cap on the untimed search of 'auto'")
+    p.add_argument(
+        "--warmup_steps",
+        type=int,
+        default=200,
+        help="untimed steps per K first (at least num_workers * K, so every worker runs a closure)",
+    )
+    p.add_argument(
+        "--max_tuning_steps", type=int, default=5000, help="cap on the untimed search of 'auto'"
+    )
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--num_ps", type=int, default=1)
     _common.add_model_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup_timeout_s", type=float, default=180.0)
-    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for ps_steps_per_loop.json and task logs")
-    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
+    p.add_argument(
+        "--out",
+        default=_common.DEFAULT_OUT,
+        help="directory for ps_steps_per_loop.json and task logs",
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.repeats, args.warmup_steps, args.steps_per_call = 20, 1, 10, "20"
         args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
     try:
-        args.steps_per_loop = [k if k == "auto" else int(k) for k in args.steps_per_loop.replace(" ", "").split(",") if k]
+        args.steps_per_loop = [
+            k if k == "auto" else int(k)
+            for k in args.steps_per_loop.replace(" ", "").split(",")
+            if k
+        ]
     except ValueError:
         p.error(f"--steps_per_loop needs positive integers or 'auto', got {args.steps_per_loop!r}")
     args.steps_per_call = _common.parse_int_list(args.steps_per_call)
@@ -71,10 +98,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("steps", "repeats", "num_workers", "num_ps", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if not args.steps_per_loop or args.steps_per_loop[0] == "auto" or min(fixed_values(args.steps_per_loop)) < 1:
-        p.error(f"--steps_per_loop needs positive integers (the first fixed: the baseline), got {args.steps_per_loop}")
-    if not args.steps_per_call or min(args.steps_per_call) < 1 or any(args.steps % c for c in args.steps_per_call):
-        p.error(f"--steps_per_call values must divide --steps={args.steps}, got {args.steps_per_call}")
+    if (
+        not args.steps_per_loop
+        or args.steps_per_loop[0] == "auto"
+        or min(fixed_values(args.steps_per_loop)) < 1
+    ):
+        p.error(
+            f"--steps_per_loop needs positive integers (the first fixed: the baseline), got {args.steps_per_loop}"
+        )
+    if (
+        not args.steps_per_call
+        or min(args.steps_per_call) < 1
+        or any(args.steps % c for c in args.steps_per_call)
+    ):
+        p.error(
+            f"--steps_per_call values must divide --steps={args.steps}, got {args.steps_per_call}"
+        )
     return args
 
 
@@ -90,8 +129,11 @@ def effective_closure_size(steps_per_loop: int, steps_per_call: int, num_workers
 def _warm_up_auto(loop, call: int, num_workers: int, max_steps: int) -> int:
     """Runs `call`-step train() calls until the tuner settles or grows past the closure cap."""
     done = 0
-    while (not loop.size.frozen and loop.steps_per_loop <= effective_closure_size(1 << 30, call, num_workers)
-           and done < max_steps):
+    while (
+        not loop.size.frozen
+        and loop.steps_per_loop <= effective_closure_size(1 << 30, call, num_workers)
+        and done < max_steps
+    ):
         loop.train(call)
         done += call
     return done
@@ -99,12 +141,14 @@ def _warm_up_auto(loop, call: int, num_workers: int, max_steps: int) -> int:
 
 # -- the measurement --------------------------------------------------------------------------------
 
+
 def _measure(args, cluster: dict[str, list[str]]) -> dict:
     """Runs in the chief: builds the state once, a ScheduledTrainLoop per K, and times them interleaved."""
     _cluster.set_chief_env(cluster)
     import keras
 
-    from tfdist_trainer import loops, state as state_lib
+    from tfdist_trainer import loops
+    from tfdist_trainer import state as state_lib
     from tfdist_trainer.strategies import ParameterServer
 
     keras.utils.set_random_seed(args.seed)
@@ -112,8 +156,12 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
     config = ParameterServer()
     strategy = config.create(None)
     coordinator = config.create_coordinator(strategy)
-    trainer = _common.bench_trainer_cls()(pool=pool, global_batch_size=args.batch_size,
-                                          filters=args.filters, dense_units=args.dense_units)
+    trainer = _common.bench_trainer_cls()(
+        pool=pool,
+        global_batch_size=args.batch_size,
+        filters=args.filters,
+        dense_units=args.dense_units,
+    )
     global_step, _ = state_lib.build_state(trainer, strategy)
 
     configs = [(k, c) for c in args.steps_per_call for k in args.steps_per_loop]
@@ -126,48 +174,81 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
         # Python attributes on the Trainer while tracing (trainer.step), which must not leak from
         # one loop's graph into the next loop's trace.
         size = loops.StepsPerLoopTuner() if k == "auto" else k
-        loop_of[k] = loops.ScheduledTrainLoop(strategy, coordinator, copy.copy(trainer), global_step, size,
-                                              num_workers=args.num_workers)
+        loop_of[k] = loops.ScheduledTrainLoop(
+            strategy,
+            coordinator,
+            copy.copy(trainer),
+            global_step,
+            size,
+            num_workers=args.num_workers,
+        )
         if k == "auto":
             # Tuned as tfdist-train tunes it: over calls of the log interval (the smallest call size).
-            warmup = _warm_up_auto(loop_of[k], min(args.steps_per_call), args.num_workers, args.max_tuning_steps)
+            warmup = _warm_up_auto(
+                loop_of[k], min(args.steps_per_call), args.num_workers, args.max_tuning_steps
+            )
             loss = None  # tuning calls: their losses are not kept
         else:
-            warmup = args.warmup_steps if args.smoke else max(args.warmup_steps, args.num_workers * k)
+            warmup = (
+                args.warmup_steps if args.smoke else max(args.warmup_steps, args.num_workers * k)
+            )
             loss = _common.loss_value(loop_of[k].train(warmup))
         expected_step += warmup
-        info[k] = {"build_and_warmup_s": time.perf_counter() - t0, "warmup_steps": warmup, "warmup_loss": loss,
-                   "effective_steps_per_loop": loop_of[k].steps_per_loop}
-        print(f"[{NAME}] steps_per_loop={k}: built and warmed up ({warmup} steps) in "
-              f"{info[k]['build_and_warmup_s']:.1f}s, closures of up to {loop_of[k].steps_per_loop} steps",
-              flush=True)
+        info[k] = {
+            "build_and_warmup_s": time.perf_counter() - t0,
+            "warmup_steps": warmup,
+            "warmup_loss": loss,
+            "effective_steps_per_loop": loop_of[k].steps_per_loop,
+        }
+        print(
+            f"[{NAME}] steps_per_loop={k}: built and warmed up ({warmup} steps) in "
+            f"{info[k]['build_and_warmup_s']:.1f}s, closures of up to {loop_of[k].steps_per_loop} steps",
+            flush=True,
+        )
 
     times: dict[tuple[int, int], list[float]] = {kc: [] for kc in configs}
     losses = {}
     for rep in range(args.repeats):
-        order = configs[rep % len(configs):] + configs[:rep % len(configs)]
+        order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
         for k, c in order:
             t0 = time.perf_counter()
             for _ in range(args.steps // c):
                 losses[(k, c)] = _common.loss_value(loop_of[k].train(c))
             times[(k, c)].append(time.perf_counter() - t0)
             expected_step += args.steps
-        print(f"[{NAME}] round {rep + 1}/{args.repeats}: " + " ".join(
-            f"K={k}/call={c}: {args.steps / times[(k, c)][-1]:.1f}" for k, c in configs) + " steps/s", flush=True)
+        print(
+            f"[{NAME}] round {rep + 1}/{args.repeats}: "
+            + " ".join(f"K={k}/call={c}: {args.steps / times[(k, c)][-1]:.1f}" for k, c in configs)
+            + " steps/s",
+            flush=True,
+        )
 
     final_step = int(global_step.numpy())
     base_k = args.steps_per_loop[0]  # a fixed value (checked by parse_args)
     results = []
     for k, c in configs:
         size = effective_closure_size(loop_of[k].steps_per_loop, c, args.num_workers)
-        r = {"steps_per_loop": k, "steps_per_call": c, "closures_per_call": -(-c // size),
-             **_common.summarize(times[(k, c)], args.steps), "final_loss": losses[(k, c)], **info[k]}
+        r = {
+            "steps_per_loop": k,
+            "steps_per_call": c,
+            "closures_per_call": -(-c // size),
+            **_common.summarize(times[(k, c)], args.steps),
+            "final_loss": losses[(k, c)],
+            **info[k],
+        }
         base = times[(base_k, c)]
-        r["speedup_vs_baseline"] = _common.summarize(base, args.steps)["time_s_median"] / r["time_s_median"]
+        r["speedup_vs_baseline"] = (
+            _common.summarize(base, args.steps)["time_s_median"] / r["time_s_median"]
+        )
         r["speedup_vs_baseline_paired"] = _common.ratio_spread(base, times[(k, c)])
         results.append(r)
-    return {"results": results, "global_step": final_step, "expected_global_step": expected_step,
-            "global_step_exact": final_step == expected_step, "environment": _common.environment()}
+    return {
+        "results": results,
+        "global_step": final_step,
+        "expected_global_step": expected_step,
+        "global_step_exact": final_step == expected_step,
+        "environment": _common.environment(),
+    }
 
 
 def recommend(results: list[dict], tie: float = 0.95) -> dict:
@@ -188,10 +269,13 @@ def recommend(results: list[dict], tie: float = 0.95) -> dict:
         relative[k] = min(relative.get(k, rel), rel)
     top = max(relative.values())
     pick = min(k for k in relative if relative[k] >= tie * top)
-    return {"steps_per_loop": pick, "worst_relative_steps_per_s": relative[pick],
-            "relative_steps_per_s_by_steps_per_loop": {str(k): v for k, v in sorted(relative.items())},
-            "rule": f"the best worst-case steps/s relative to the fastest fixed value at every steps/call "
-                    f"({', '.join(map(str, calls))}); ties within {1 - tie:.0%} go to the smaller"}
+    return {
+        "steps_per_loop": pick,
+        "worst_relative_steps_per_s": relative[pick],
+        "relative_steps_per_s_by_steps_per_loop": {str(k): v for k, v in sorted(relative.items())},
+        "rule": f"the best worst-case steps/s relative to the fastest fixed value at every steps/call "
+        f"({', '.join(map(str, calls))}); ties within {1 - tie:.0%} go to the smaller",
+    }
 
 
 def figures(results: list[dict], repeats: int, baseline_k: int) -> list[dict]:
@@ -202,20 +286,36 @@ def figures(results: list[dict], repeats: int, baseline_k: int) -> list[dict]:
         fixed = [r for r in at_c if r["steps_per_loop"] != "auto"]
         best = max(fixed, key=lambda r: r["steps_per_s"])
         p = best["speedup_vs_baseline_paired"]
-        out.append(_common.figure(
-            f"parameter_server steps_per_loop={best['steps_per_loop']} (best fixed), {c} steps/call",
-            best["steps_per_s"], "steps/s", baseline=f"steps_per_loop={baseline_k}",
-            ratio=best["speedup_vs_baseline"], ratio_label="speedup", repetitions=repeats,
-            spread=[p["min"], p["max"]]))
+        out.append(
+            _common.figure(
+                f"parameter_server steps_per_loop={best['steps_per_loop']} (best fixed), {c} steps/call",
+                best["steps_per_s"],
+                "steps/s",
+                baseline=f"steps_per_loop={baseline_k}",
+                ratio=best["speedup_vs_baseline"],
+                ratio_label="speedup",
+                repetitions=repeats,
+                spread=[p["min"], p["max"]],
+            )
+        )
         for auto in [r for r in at_c if r["steps_per_loop"] == "auto"]:
             rel = auto["steps_per_s"] / best["steps_per_s"]
             ratios = [b / a for a, b in zip(auto["times_s"], best["times_s"])]
-            out.append(_common.figure(
-                f"parameter_server steps_per_loop='auto' (settled on {auto['effective_steps_per_loop']}), "
-                f"{c} steps/call", auto["steps_per_s"], "steps/s",
-                baseline=f"best fixed (steps_per_loop={best['steps_per_loop']})", ratio=rel,
-                ratio_label="relative speed", repetitions=repeats, spread=[min(ratios), max(ratios)],
-                target=">= 0.9", meets_target=rel >= 0.9))
+            out.append(
+                _common.figure(
+                    f"parameter_server steps_per_loop='auto' (settled on {auto['effective_steps_per_loop']}), "
+                    f"{c} steps/call",
+                    auto["steps_per_s"],
+                    "steps/s",
+                    baseline=f"best fixed (steps_per_loop={best['steps_per_loop']})",
+                    ratio=rel,
+                    ratio_label="relative speed",
+                    repetitions=repeats,
+                    spread=[min(ratios), max(ratios)],
+                    target=">= 0.9",
+                    meets_target=rel >= 0.9,
+                )
+            )
     return out
 
 
@@ -224,10 +324,16 @@ def run(args: argparse.Namespace) -> dict:
     out = os.path.abspath(args.out)
     run_dir = os.path.join(out, f"{NAME}_cluster")
     cluster = _cluster.pick_cluster({"chief": 1, "worker": args.num_workers, "ps": args.num_ps})
-    gin_files = [f"{_common.REPO}/configs/mnist.gin", f"{_common.REPO}/configs/strategies/parameter_server.gin"]
+    gin_files = [
+        f"{_common.REPO}/configs/mnist.gin",
+        f"{_common.REPO}/configs/strategies/parameter_server.gin",
+    ]
     with _cluster.LocalCluster(cluster, run_dir, gin_files) as servers:
-        print(f"[{NAME}] cluster: chief (this process) + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
-              f"task logs in {servers.log_dir}", flush=True)
+        print(
+            f"[{NAME}] cluster: chief (this process) + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
+            f"task logs in {servers.log_dir}",
+            flush=True,
+        )
         print(f"[{NAME}] servers up in {servers.start(args.startup_timeout_s):.1f}s", flush=True)
         measured = _measure(args, cluster)
 
@@ -235,11 +341,21 @@ def run(args: argparse.Namespace) -> dict:
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.ps_steps_per_loop", *sys.argv[1:]]),
-        "config": {"steps_per_loop": args.steps_per_loop, "steps_per_call": args.steps_per_call,
-                   "steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
-                   "num_workers": args.num_workers, "num_ps": args.num_ps, "batch_size": args.batch_size,
-                   "filters": list(args.filters), "dense_units": args.dense_units, "data": args.data,
-                   "strategy": "parameter_server", "seed": args.seed},
+        "config": {
+            "steps_per_loop": args.steps_per_loop,
+            "steps_per_call": args.steps_per_call,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "warmup_steps": args.warmup_steps,
+            "num_workers": args.num_workers,
+            "num_ps": args.num_ps,
+            "batch_size": args.batch_size,
+            "filters": list(args.filters),
+            "dense_units": args.dense_units,
+            "data": args.data,
+            "strategy": "parameter_server",
+            "seed": args.seed,
+        },
         "environment": measured["environment"],
         "cluster": cluster,
         "baseline": f"steps_per_loop={args.steps_per_loop[0]}",
@@ -259,20 +375,41 @@ def format_report(payload: dict) -> str:
     rows = []
     for r in payload["results"]:
         p = r["speedup_vs_baseline_paired"]
-        rows.append([f"steps_per_loop={r['steps_per_loop']}", r["steps_per_call"], r["closures_per_call"],
-                     f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
-                     f"{r['time_s_median']:.2f}", f"{r['speedup_vs_baseline']:.2f}x",
-                     f"{p['min']:.2f}..{p['max']:.2f}"])
+        rows.append(
+            [
+                f"steps_per_loop={r['steps_per_loop']}",
+                r["steps_per_call"],
+                r["closures_per_call"],
+                f"{r['steps_per_s']:.1f}",
+                f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                f"{r['time_s_median']:.2f}",
+                f"{r['speedup_vs_baseline']:.2f}x",
+                f"{p['min']:.2f}..{p['max']:.2f}",
+            ]
+        )
     rec = payload["recommendation"]
-    lines = [f"parameter_server, {cfg['num_workers']} workers + {cfg['num_ps']} ps + chief on 127.0.0.1, "
-             f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), batch {cfg['batch_size']}; "
-             f"baseline: {payload['baseline']} (speedup = its time / this time, same call size)",
-             _common.format_table(["variant", "steps/call", "closures/call", "steps/s", "steps/s min..max",
-                                   "time s", "speedup", "paired"], rows),
-             f"global step {payload['global_step']} (expected {payload['expected_global_step']}: "
-             f"{'exact' if payload['global_step_exact'] else 'MISMATCH'})",
-             f"recommended default: parameter_server.steps_per_loop = {rec['steps_per_loop']} "
-             f"({rec['rule']}; its worst relative steps/s: {rec['worst_relative_steps_per_s']:.2f})"]
+    lines = [
+        f"parameter_server, {cfg['num_workers']} workers + {cfg['num_ps']} ps + chief on 127.0.0.1, "
+        f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), batch {cfg['batch_size']}; "
+        f"baseline: {payload['baseline']} (speedup = its time / this time, same call size)",
+        _common.format_table(
+            [
+                "variant",
+                "steps/call",
+                "closures/call",
+                "steps/s",
+                "steps/s min..max",
+                "time s",
+                "speedup",
+                "paired",
+            ],
+            rows,
+        ),
+        f"global step {payload['global_step']} (expected {payload['expected_global_step']}: "
+        f"{'exact' if payload['global_step_exact'] else 'MISMATCH'})",
+        f"recommended default: parameter_server.steps_per_loop = {rec['steps_per_loop']} "
+        f"({rec['rule']}; its worst relative steps/s: {rec['worst_relative_steps_per_s']:.2f})",
+    ]
     return "\n".join(lines)
 
 

@@ -72,6 +72,7 @@ TARGET = 1.2  # the issue's target: the Trainer at least 1.2x tf-keras fit (step
 
 # -- the benchmark-only tf-keras venv ---------------------------------------------------------------
 
+
 class TfKerasVenvError(RuntimeError):
     """The tf-keras venv could not be made; the message is one line."""
 
@@ -87,8 +88,11 @@ def tf_keras_requirement() -> tuple[str, str]:
 def _venv_lock(path: str):
     """One creator at a time per venv path (two benchmarks or tests may start together)."""
     import fcntl
+
     digest = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:16]
-    with open(os.path.join(tempfile.gettempdir(), f"tfdist-tfkeras-venv-{digest}.lock"), "w") as lock:
+    with open(
+        os.path.join(tempfile.gettempdir(), f"tfdist-tfkeras-venv-{digest}.lock"), "w"
+    ) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -98,9 +102,15 @@ def _venv_lock(path: str):
 
 def _run_quiet(cmd: list[str], what: str, timeout_s: float) -> str:
     try:
-        proc = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout_s,
-                              env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+        proc = subprocess.run(
+            cmd,
+            check=False,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TfKerasVenvError(f"{what} failed: {e}") from None
     if proc.returncode != 0:
@@ -125,8 +135,12 @@ def ensure_tf_keras_venv(path: str = DEFAULT_VENV, timeout_s: float = 900.0) -> 
     python = os.path.join(path, "bin", "python")
     tf_version, requirement = tf_keras_requirement()
     shared = sysconfig.get_path("purelib")
-    wanted = {"tensorflow": tf_version, "requirement": requirement, "shared_site_packages": shared,
-              "python": sys.version.split()[0]}
+    wanted = {
+        "tensorflow": tf_version,
+        "requirement": requirement,
+        "shared_site_packages": shared,
+        "python": sys.version.split()[0],
+    }
     stamp_path = os.path.join(path, STAMP)
 
     def stamp():
@@ -137,7 +151,11 @@ def ensure_tf_keras_venv(path: str = DEFAULT_VENV, timeout_s: float = 900.0) -> 
             return None
 
     def current(found):
-        return found is not None and os.path.exists(python) and all(found.get(k) == v for k, v in wanted.items())
+        return (
+            found is not None
+            and os.path.exists(python)
+            and all(found.get(k) == v for k, v in wanted.items())
+        )
 
     if current(stamp()):
         return python
@@ -146,23 +164,44 @@ def ensure_tf_keras_venv(path: str = DEFAULT_VENV, timeout_s: float = 900.0) -> 
             return python
         if os.path.exists(path):
             if not os.path.exists(os.path.join(path, "pyvenv.cfg")) and os.listdir(path):
-                raise TfKerasVenvError(f"{path} exists and is not a venv; remove it or pass another --tf_keras_venv")
+                raise TfKerasVenvError(
+                    f"{path} exists and is not a venv; remove it or pass another --tf_keras_venv"
+                )
             shutil.rmtree(path)
-        print(f"[{NAME}] creating the tf-keras venv {path} ({requirement}, TensorFlow {tf_version} shared "
-              f"from {shared})", flush=True)
+        print(
+            f"[{NAME}] creating the tf-keras venv {path} ({requirement}, TensorFlow {tf_version} shared "
+            f"from {shared})",
+            flush=True,
+        )
         _run_quiet([sys.executable, "-m", "venv", path], f"python -m venv {path}", timeout_s)
-        own = _run_quiet([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                         "locating the new venv's site-packages", 60).strip().splitlines()[-1]
+        own = (
+            _run_quiet(
+                [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                "locating the new venv's site-packages",
+                60,
+            )
+            .strip()
+            .splitlines()[-1]
+        )
         with open(os.path.join(own, "tfdist_shared_project_site_packages.pth"), "w") as f:
             f.write(shared + "\n")
-        _run_quiet([python, "-m", "pip", "install", "--no-input", requirement],
-                   f"pip install {requirement!r} into {path}", timeout_s)
+        _run_quiet(
+            [python, "-m", "pip", "install", "--no-input", requirement],
+            f"pip install {requirement!r} into {path}",
+            timeout_s,
+        )
         check = "import tensorflow as tf, tf_keras; print(tf.__version__, tf_keras.__version__)"
-        versions = _run_quiet([python, "-c", check], f"importing tf_keras in {path}",
-                              300).strip().splitlines()[-1].split()
+        versions = (
+            _run_quiet([python, "-c", check], f"importing tf_keras in {path}", 300)
+            .strip()
+            .splitlines()[-1]
+            .split()
+        )
         if versions[0] != tf_version or versions[1].split(".")[:2] != tf_version.split(".")[:2]:
-            raise TfKerasVenvError(f"{path} has TensorFlow {versions[0]} and tf_keras {versions[1]}, "
-                                   f"expected TensorFlow {tf_version} and {requirement}")
+            raise TfKerasVenvError(
+                f"{path} has TensorFlow {versions[0]} and tf_keras {versions[1]}, "
+                f"expected TensorFlow {tf_version} and {requirement}"
+            )
         with open(stamp_path, "w") as f:
             json.dump({**wanted, "tf_keras": versions[1]}, f, indent=2)
     return python
@@ -174,32 +213,59 @@ VARIANTS = ("trainer", "tf_keras_fit_spe", "tf_keras_fit_default")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.ps_vs_tf_keras", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ps_vs_tf_keras",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--steps", type=int, default=1000, help="timed steps per repetition and variant")
-    p.add_argument("--steps_per_call", type=int, default=100,
-                   help="steps per loop.train() call (tfdist-train: the log interval; configs/mnist.gin logs every "
-                        "100) and tf-keras steps_per_epoch: both end with coordinator.join()")
-    p.add_argument("--steps_per_loop", type=int, default=10,
-                   help="parameter_server.steps_per_loop of the Trainer, and tf-keras steps_per_execution of "
-                        "the tf_keras_fit_spe variant")
-    p.add_argument("--warmup_steps", type=int, default=200,
-                   help="untimed steps first (a multiple of --steps_per_call: whole warm-up epochs for fit)")
+    p.add_argument(
+        "--steps_per_call",
+        type=int,
+        default=100,
+        help="steps per loop.train() call (tfdist-train: the log interval; configs/mnist.gin logs every "
+        "100) and tf-keras steps_per_epoch: both end with coordinator.join()",
+    )
+    p.add_argument(
+        "--steps_per_loop",
+        type=int,
+        default=10,
+        help="parameter_server.steps_per_loop of the Trainer, and tf-keras steps_per_execution of "
+        "the tf_keras_fit_spe variant",
+    )
+    p.add_argument(
+        "--warmup_steps",
+        type=int,
+        default=200,
+        help="untimed steps first (a multiple of --steps_per_call: whole warm-up epochs for fit)",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--num_ps", type=int, default=1)
     _common.add_model_args(p, batch_help="global batch (Trainer.global_batch_size)")
     p.add_argument("--learning_rate", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--variants", default=",".join(VARIANTS),
-                   help=f"comma-separated subset of {', '.join(VARIANTS)} (the figures need all three)")
-    p.add_argument("--tf_keras_venv", default=DEFAULT_VENV,
-                   help="the benchmark-only venv with tf-keras (created on first use)")
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated subset of {', '.join(VARIANTS)} (the figures need all three)",
+    )
+    p.add_argument(
+        "--tf_keras_venv",
+        default=DEFAULT_VENV,
+        help="the benchmark-only venv with tf-keras (created on first use)",
+    )
     p.add_argument("--startup_timeout_s", type=float, default=180.0)
     p.add_argument("--chief_timeout_s", type=float, default=1800.0)
-    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for ps_vs_tf_keras.json and task logs")
-    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
-    p.add_argument("--chief", help=argparse.SUPPRESS)  # internal: run the Trainer chief of this spec file
+    p.add_argument(
+        "--out", default=_common.DEFAULT_OUT, help="directory for ps_vs_tf_keras.json and task logs"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
+    )
+    p.add_argument(
+        "--chief", help=argparse.SUPPRESS
+    )  # internal: run the Trainer chief of this spec file
     args = p.parse_args(argv)
     if args.chief:
         return args
@@ -211,17 +277,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     except ValueError:
         p.error(f"--filters needs two integers, got {args.filters!r}")
     args.variants = [v for v in args.variants.replace(" ", "").split(",") if v]
-    for name in ("steps", "steps_per_call", "steps_per_loop", "warmup_steps", "repeats", "num_workers", "num_ps",
-                 "batch_size", "dense_units"):
+    for name in (
+        "steps",
+        "steps_per_call",
+        "steps_per_loop",
+        "warmup_steps",
+        "repeats",
+        "num_workers",
+        "num_ps",
+        "batch_size",
+        "dense_units",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if len(args.filters) != 2 or min(args.filters) < 1:
         p.error(f"--filters needs two positive integers, got {args.filters}")
     if args.steps % args.steps_per_call or args.warmup_steps % args.steps_per_call:
-        p.error(f"--steps_per_call={args.steps_per_call} must divide --steps={args.steps} and "
-                f"--warmup_steps={args.warmup_steps} (fit runs whole epochs of steps_per_call steps)")
-    if not args.variants or any(v not in VARIANTS for v in args.variants) or len(set(args.variants)) < len(
-            args.variants):
+        p.error(
+            f"--steps_per_call={args.steps_per_call} must divide --steps={args.steps} and "
+            f"--warmup_steps={args.warmup_steps} (fit runs whole epochs of steps_per_call steps)"
+        )
+    if (
+        not args.variants
+        or any(v not in VARIANTS for v in args.variants)
+        or len(set(args.variants)) < len(args.variants)
+    ):
         p.error(f"--variants: pick distinct names from {', '.join(VARIANTS)}, got {args.variants}")
     if not args.learning_rate > 0:
         p.error(f"--learning_rate must be > 0, got {args.learning_rate}")
@@ -229,6 +309,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # -- the Trainer chief (this module re-run with --chief=SPEC, project python) -------------------------
+
 
 def trainer_chief(spec_path: str) -> dict:
     """The library's side: build_state + ScheduledTrainLoop, warm-up, then timed loop.train calls."""
@@ -239,8 +320,10 @@ def trainer_chief(spec_path: str) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tfdist_trainer import loops, state as state_lib
+    from tfdist_trainer import loops
+    from tfdist_trainer import state as state_lib
     from tfdist_trainer.strategies import ParameterServer
+
     import_s = time.perf_counter() - t_import
 
     keras.utils.set_random_seed(spec["seed"])
@@ -250,12 +333,22 @@ def trainer_chief(spec_path: str) -> dict:
     config = ParameterServer(steps_per_loop=spec["steps_per_loop"])
     strategy = config.create(None)
     coordinator = config.create_coordinator(strategy)
-    trainer = _common.bench_trainer_cls()(pool=pool, global_batch_size=spec["batch_size"],
-                                          filters=tuple(spec["filters"]), dense_units=spec["dense_units"],
-                                          learning_rate=spec["learning_rate"])
+    trainer = _common.bench_trainer_cls()(
+        pool=pool,
+        global_batch_size=spec["batch_size"],
+        filters=tuple(spec["filters"]),
+        dense_units=spec["dense_units"],
+        learning_rate=spec["learning_rate"],
+    )
     global_step, _ = state_lib.build_state(trainer, strategy)
-    loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, config.default_steps_per_loop,
-                                    num_workers=spec["num_workers"])
+    loop = loops.ScheduledTrainLoop(
+        strategy,
+        coordinator,
+        trainer,
+        global_step,
+        config.default_steps_per_loop,
+        num_workers=spec["num_workers"],
+    )
     build_s = time.perf_counter() - t0
 
     call = spec["steps_per_call"]
@@ -272,7 +365,9 @@ def trainer_chief(spec_path: str) -> dict:
     size = max(1, min(loop.steps_per_loop, -(-call // spec["num_workers"])))
     return {
         "variant": spec["variant"],
-        "steps": spec["steps"], "steps_per_call": call, "steps_per_loop": loop.steps_per_loop,
+        "steps": spec["steps"],
+        "steps_per_call": call,
+        "steps_per_loop": loop.steps_per_loop,
         "closures_per_call": -(-call // size),
         "timed_s": timed_s,
         "call_times_s": call_times,
@@ -294,17 +389,35 @@ def trainer_chief(spec_path: str) -> dict:
 
 # -- one cluster per (variant, repetition) ----------------------------------------------------------
 
-def run_one(variant: str, rep: int, args: argparse.Namespace, out: str, data_path: str, tf_keras_python: str | None,
-            gin_files: list[str]) -> dict:
+
+def run_one(
+    variant: str,
+    rep: int,
+    args: argparse.Namespace,
+    out: str,
+    data_path: str,
+    tf_keras_python: str | None,
+    gin_files: list[str],
+) -> dict:
     """A fresh cluster (serving ps and workers), one chief process for `variant`; the chief's RESULT."""
     run_dir = os.path.join(out, f"{NAME}_runs", f"r{rep}_{variant}")
     cluster = _cluster.pick_cluster({"chief": 1, "worker": args.num_workers, "ps": args.num_ps})
-    spec = {"variant": variant, "cluster": cluster, "data": data_path, "seed": args.seed,
-            "batch_size": args.batch_size, "filters": list(args.filters), "dense_units": args.dense_units,
-            "learning_rate": args.learning_rate, "steps": args.steps, "steps_per_call": args.steps_per_call,
-            "warmup_steps": args.warmup_steps, "num_workers": args.num_workers,
-            "steps_per_loop": args.steps_per_loop,
-            "steps_per_execution": args.steps_per_loop if variant == "tf_keras_fit_spe" else 1}
+    spec = {
+        "variant": variant,
+        "cluster": cluster,
+        "data": data_path,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "filters": list(args.filters),
+        "dense_units": args.dense_units,
+        "learning_rate": args.learning_rate,
+        "steps": args.steps,
+        "steps_per_call": args.steps_per_call,
+        "warmup_steps": args.warmup_steps,
+        "num_workers": args.num_workers,
+        "steps_per_loop": args.steps_per_loop,
+        "steps_per_execution": args.steps_per_loop if variant == "tf_keras_fit_spe" else 1,
+    }
     os.makedirs(run_dir, exist_ok=True)
     spec_path = os.path.join(run_dir, "chief_spec.json")
     with open(spec_path, "w") as f:
@@ -319,7 +432,9 @@ def run_one(variant: str, rep: int, args: argparse.Namespace, out: str, data_pat
             cmd = [tf_keras_python, CHIEF_SCRIPT, spec_path]
             env["TF_USE_LEGACY_KERAS"] = "1"
             # Only TensorFlow, tf_keras and numpy: not this repository's packages.
-            env["PYTHONPATH"] = os.pathsep.join(p for p in env["PYTHONPATH"].split(os.pathsep) if p != _common.REPO)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in env["PYTHONPATH"].split(os.pathsep) if p != _common.REPO
+            )
         t_chief = time.perf_counter()
         tasks.spawn("chief:0", cmd, env)
         tasks.wait("chief:0", args.chief_timeout_s)
@@ -361,14 +476,21 @@ def run(args: argparse.Namespace) -> dict:
     tf_version, requirement = tf_keras_requirement()
 
     import numpy as np
+
     pool = _common.load_pool(args.data, args.pool_size, args.seed)
     data_path = os.path.join(out, f"{NAME}_data.npz")
     np.savez(data_path, images=pool[0], labels=pool[1])
-    gin_files = [f"{_common.REPO}/configs/mnist.gin", f"{_common.REPO}/configs/strategies/parameter_server.gin"]
-    print(f"[{NAME}] tf-keras venv {args.tf_keras_venv} ready in {venv_s:.1f}s; cluster per run: chief + "
-          f"{args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; {len(args.variants)} variants x "
-          f"{args.repeats} repetitions, {args.warmup_steps} warm-up + {args.steps} timed steps each; "
-          f"logs in {os.path.join(out, NAME + '_runs')}", flush=True)
+    gin_files = [
+        f"{_common.REPO}/configs/mnist.gin",
+        f"{_common.REPO}/configs/strategies/parameter_server.gin",
+    ]
+    print(
+        f"[{NAME}] tf-keras venv {args.tf_keras_venv} ready in {venv_s:.1f}s; cluster per run: chief + "
+        f"{args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; {len(args.variants)} variants x "
+        f"{args.repeats} repetitions, {args.warmup_steps} warm-up + {args.steps} timed steps each; "
+        f"logs in {os.path.join(out, NAME + '_runs')}",
+        flush=True,
+    )
 
     runs: dict[str, list[dict]] = {v: [] for v in args.variants}
     load: list[float] = []
@@ -379,10 +501,13 @@ def run(args: argparse.Namespace) -> dict:
             r = run_one(variant, rep, args, out, data_path, tf_keras_python, gin_files)
             runs[variant].append(r)
             load.append(r.get("load_average_1m_after", float("nan")))
-            print(f"[{NAME}] round {rep + 1}/{args.repeats} {variant}: {r['steps_per_s']:.1f} steps/s "
-                  f"(timed {r['timed_s']:.2f}s; servers {r['servers_startup_s']:.1f}s, build {r['build_s']:.1f}s, "
-                  f"warm-up {r['warmup_s']:.1f}s; loss {r['warmup_loss']:.3f} -> {r['final_loss']:.3f}; "
-                  f"load {r.get('load_average_1m_after', float('nan')):.2f})", flush=True)
+            print(
+                f"[{NAME}] round {rep + 1}/{args.repeats} {variant}: {r['steps_per_s']:.1f} steps/s "
+                f"(timed {r['timed_s']:.2f}s; servers {r['servers_startup_s']:.1f}s, build {r['build_s']:.1f}s, "
+                f"warm-up {r['warmup_s']:.1f}s; loss {r['warmup_loss']:.3f} -> {r['final_loss']:.3f}; "
+                f"load {r.get('load_average_1m_after', float('nan')):.2f})",
+                flush=True,
+            )
 
     results = {}
     for variant, rs in runs.items():
@@ -391,11 +516,16 @@ def run(args: argparse.Namespace) -> dict:
         results[variant] = {
             "description": describe(variant, args),
             **_common.summarize(times, args.steps),
-            "examples_per_s": args.steps * args.batch_size / _common.summarize(times, args.steps)["time_s_median"],
+            "examples_per_s": args.steps
+            * args.batch_size
+            / _common.summarize(times, args.steps)["time_s_median"],
             "steps_per_call": args.steps_per_call,
             "closures_per_call": first["closures_per_call"],
-            **({"steps_per_loop": first["steps_per_loop"]} if variant == "trainer"
-               else {"steps_per_execution": first["steps_per_execution"]}),
+            **(
+                {"steps_per_loop": first["steps_per_loop"]}
+                if variant == "trainer"
+                else {"steps_per_execution": first["steps_per_execution"]}
+            ),
             "final_loss": [r["final_loss"] for r in rs],
             "steps_counted_exact": all(r["steps_counted"] == r["expected_steps"] for r in rs),
             "build_s": [round(r["build_s"], 3) for r in rs],
@@ -410,51 +540,90 @@ def run(args: argparse.Namespace) -> dict:
         if "trainer" in results and base in results:
             b, t = results[base], results["trainer"]
             speedups[f"trainer_vs_{base}"] = {
-                "baseline": base, "baseline_description": b["description"],
+                "baseline": base,
+                "baseline_description": b["description"],
                 "speedup": b["time_s_median"] / t["time_s_median"],
                 "paired": _common.ratio_spread(b["times_s"], t["times_s"]),
             }
 
     figures = []
     for key, name, target in (
-            ("trainer_vs_tf_keras_fit_spe",
-             f"parameter_server Trainer vs tf-keras fit (steps_per_execution={args.steps_per_loop})", TARGET),
-            ("trainer_vs_tf_keras_fit_default", "parameter_server Trainer vs tf-keras fit defaults", None)):
+        (
+            "trainer_vs_tf_keras_fit_spe",
+            f"parameter_server Trainer vs tf-keras fit (steps_per_execution={args.steps_per_loop})",
+            TARGET,
+        ),
+        (
+            "trainer_vs_tf_keras_fit_default",
+            "parameter_server Trainer vs tf-keras fit defaults",
+            None,
+        ),
+    ):
         if key not in speedups:
             continue
         s = speedups[key]
-        figures.append(_common.figure(
-            name, results["trainer"]["steps_per_s"], "steps/s", baseline=s["baseline_description"],
-            ratio=s["speedup"], ratio_label="speedup", repetitions=args.repeats,
-            spread=[s["paired"]["min"], s["paired"]["max"]],
-            target=f">= {target:g}x" if target else None,
-            meets_target=(s["speedup"] >= target) if target else None))
+        figures.append(
+            _common.figure(
+                name,
+                results["trainer"]["steps_per_s"],
+                "steps/s",
+                baseline=s["baseline_description"],
+                ratio=s["speedup"],
+                ratio_label="speedup",
+                repetitions=args.repeats,
+                spread=[s["paired"]["min"], s["paired"]["max"]],
+                target=f">= {target:g}x" if target else None,
+                meets_target=(s["speedup"] >= target) if target else None,
+            )
+        )
 
     tf_keras_version = None
     for rs in runs.values():
         tf_keras_version = tf_keras_version or rs[0].get("tf_keras")
     environment = _common.environment()
-    environment.update({"tensorflow": tf_version, "tf_keras": tf_keras_version, "tf_keras_requirement": requirement,
-                        "tf_keras_venv": os.path.abspath(args.tf_keras_venv) if tf_keras_python else None,
-                        "tf_keras_importable_in_project_venv": importlib.util.find_spec("tf_keras") is not None,
-                        "load_average_1m_start": load_start, "load_average_1m_per_run": load})
+    environment.update(
+        {
+            "tensorflow": tf_version,
+            "tf_keras": tf_keras_version,
+            "tf_keras_requirement": requirement,
+            "tf_keras_venv": os.path.abspath(args.tf_keras_venv) if tf_keras_python else None,
+            "tf_keras_importable_in_project_venv": importlib.util.find_spec("tf_keras") is not None,
+            "load_average_1m_start": load_start,
+            "load_average_1m_per_run": load,
+        }
+    )
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join([f"python -m benchmarks.{NAME}", *sys.argv[1:]]),
-        "config": {"variants": args.variants, "steps": args.steps, "steps_per_call": args.steps_per_call,
-                   "steps_per_loop": args.steps_per_loop, "warmup_steps": args.warmup_steps,
-                   "repeats": args.repeats, "num_workers": args.num_workers, "num_ps": args.num_ps,
-                   "batch_size": args.batch_size, "filters": list(args.filters), "dense_units": args.dense_units,
-                   "learning_rate": args.learning_rate, "data": args.data, "seed": args.seed,
-                   "strategy": "parameter_server", "gin_files": [os.path.relpath(g, _common.REPO) for g in gin_files],
-                   "timing": "steps / seconds of the timed steps (after warm-up; start-up and build excluded), "
-                             "a fresh cluster per variant and repetition, rotating order"},
+        "config": {
+            "variants": args.variants,
+            "steps": args.steps,
+            "steps_per_call": args.steps_per_call,
+            "steps_per_loop": args.steps_per_loop,
+            "warmup_steps": args.warmup_steps,
+            "repeats": args.repeats,
+            "num_workers": args.num_workers,
+            "num_ps": args.num_ps,
+            "batch_size": args.batch_size,
+            "filters": list(args.filters),
+            "dense_units": args.dense_units,
+            "learning_rate": args.learning_rate,
+            "data": args.data,
+            "seed": args.seed,
+            "strategy": "parameter_server",
+            "gin_files": [os.path.relpath(g, _common.REPO) for g in gin_files],
+            "timing": "steps / seconds of the timed steps (after warm-up; start-up and build excluded), "
+            "a fresh cluster per variant and repetition, rotating order",
+        },
         "environment": environment,
-        "cluster": {"layout": {"chief": 1, "worker": args.num_workers, "ps": args.num_ps}, "host": "127.0.0.1",
-                    "serving_tasks": "python -m tfdist_trainer.cli (configs/mnist.gin + "
-                                     "configs/strategies/parameter_server.gin)",
-                    "fresh_cluster_per_run": True},
+        "cluster": {
+            "layout": {"chief": 1, "worker": args.num_workers, "ps": args.num_ps},
+            "host": "127.0.0.1",
+            "serving_tasks": "python -m tfdist_trainer.cli (configs/mnist.gin + "
+            "configs/strategies/parameter_server.gin)",
+            "fresh_cluster_per_run": True,
+        },
         "baseline": "tf_keras_fit_spe",
         "results": results,
         "speedups": speedups,
@@ -470,22 +639,52 @@ def format_report(payload: dict) -> str:
     for variant, r in payload["results"].items():
         key = f"trainer_vs_{variant}"
         s = payload["speedups"].get(key)
-        rows.append([variant, r["description"], r["closures_per_call"], f"{r['steps_per_s']:.1f}",
-                     f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}", f"{r['examples_per_s']:,.0f}",
-                     f"{s['speedup']:.2f}x" if s else "-",
-                     f"{s['paired']['min']:.2f}..{s['paired']['max']:.2f}" if s else "-"])
+        rows.append(
+            [
+                variant,
+                r["description"],
+                r["closures_per_call"],
+                f"{r['steps_per_s']:.1f}",
+                f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                f"{r['examples_per_s']:,.0f}",
+                f"{s['speedup']:.2f}x" if s else "-",
+                f"{s['paired']['min']:.2f}..{s['paired']['max']:.2f}" if s else "-",
+            ]
+        )
     load = env.get("load_average_1m") or 0.0
-    lines = [(f"parameter_server: chief + {cfg['num_workers']} workers + {cfg['num_ps']} ps on 127.0.0.1 (fresh "
-              f"cluster per run), {cfg['steps']} timed steps x {cfg['repeats']} repetitions (median, min..max), "
-              f"{cfg['steps_per_call']} steps per call/epoch, batch {cfg['batch_size']}; TensorFlow "
-              f"{env.get('tensorflow')}, tf_keras {env.get('tf_keras')}, 1-min load average at the end {load:.2f}"),
-             "trainer speedup = tf-keras variant's time / Trainer's time (paired: per repetition)",
-             _common.format_table(["variant", "what", "closures/call", "steps/s", "steps/s min..max", "examples/s",
-                                   "Trainer speedup", "paired"], rows, left=(0, 1))]
+    lines = [
+        (
+            f"parameter_server: chief + {cfg['num_workers']} workers + {cfg['num_ps']} ps on 127.0.0.1 (fresh "
+            f"cluster per run), {cfg['steps']} timed steps x {cfg['repeats']} repetitions (median, min..max), "
+            f"{cfg['steps_per_call']} steps per call/epoch, batch {cfg['batch_size']}; TensorFlow "
+            f"{env.get('tensorflow')}, tf_keras {env.get('tf_keras')}, 1-min load average at the end {load:.2f}"
+        ),
+        "trainer speedup = tf-keras variant's time / Trainer's time (paired: per repetition)",
+        _common.format_table(
+            [
+                "variant",
+                "what",
+                "closures/call",
+                "steps/s",
+                "steps/s min..max",
+                "examples/s",
+                "Trainer speedup",
+                "paired",
+            ],
+            rows,
+            left=(0, 1),
+        ),
+    ]
     for f in payload["figures"]:
-        target = f" (target {f['target']}: {'met' if f['meets_target'] else 'NOT met'})" if f["target"] else ""
-        lines.append(f"{f['figure']}: {f['ratio']:.2f}x (paired {f['spread'][0]:.2f}..{f['spread'][1]:.2f}, "
-                     f"{f['repetitions']} repetitions){target}")
+        target = (
+            f" (target {f['target']}: {'met' if f['meets_target'] else 'NOT met'})"
+            if f["target"]
+            else ""
+        )
+        lines.append(
+            f"{f['figure']}: {f['ratio']:.2f}x (paired {f['spread'][0]:.2f}..{f['spread'][1]:.2f}, "
+            f"{f['repetitions']} repetitions){target}"
+        )
     return "\n".join(lines)
 
 

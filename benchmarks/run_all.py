@@ -26,31 +26,57 @@ from benchmarks import _common
 
 # In the order they run: in-process benchmarks first, then the multi-process clusters.
 BENCHMARKS = (
-    "trainer_vs_baselines",     # Trainer vs hand-written loop vs Keras 3 fit (one_device)
-    "steps_per_loop_auto",      # 'auto' vs fixed steps_per_loop (one_device)
-    "mirrored_vs_one_device",   # mirrored on 2 logical CPUs vs one_device
-    "mnist_time_to_accuracy",   # MNIST recipe: time to 97% test accuracy, Trainer vs fit
-    "mwms_allreduce",           # multi_worker_mirrored, 2 workers: all-reduce vs the raw collective
-    "ps_steps_per_loop",        # parameter_server steps_per_loop 1, 10, 100, 'auto'
-    "ps_vs_tf_keras",           # parameter_server Trainer vs tf-keras 2 fit under PSS (separate venv)
-    "ps_ratios",                # parameter_server ps:worker 1:1, 1:2, 2:2
-    "sharded_embedding",        # sharded embedding steps/s and bytes per step vs one variable per table
-    "model_parallel",           # model_parallel LM over logical devices vs one_device
+    "trainer_vs_baselines",  # Trainer vs hand-written loop vs Keras 3 fit (one_device)
+    "steps_per_loop_auto",  # 'auto' vs fixed steps_per_loop (one_device)
+    "mirrored_vs_one_device",  # mirrored on 2 logical CPUs vs one_device
+    "mnist_time_to_accuracy",  # MNIST recipe: time to 97% test accuracy, Trainer vs fit
+    "mwms_allreduce",  # multi_worker_mirrored, 2 workers: all-reduce vs the raw collective
+    "ps_steps_per_loop",  # parameter_server steps_per_loop 1, 10, 100, 'auto'
+    "ps_vs_tf_keras",  # parameter_server Trainer vs tf-keras 2 fit under PSS (separate venv)
+    "ps_ratios",  # parameter_server ps:worker 1:1, 1:2, 2:2
+    "sharded_embedding",  # sharded embedding steps/s and bytes per step vs one variable per table
+    "model_parallel",  # model_parallel LM over logical devices vs one_device
 )
-COLUMNS = ["benchmark", "figure", "value", "baseline (same run)", "ratio", "spread min..max", "reps", "target"]
+COLUMNS = [
+    "benchmark",
+    "figure",
+    "value",
+    "baseline (same run)",
+    "ratio",
+    "spread min..max",
+    "reps",
+    "target",
+]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run_all", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.run_all",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", default=_common.DEFAULT_OUT)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, one repetition (for tests; not meaningful)")
-    p.add_argument("--only", default=",".join(BENCHMARKS), help="comma-separated subset of the benchmarks")
-    p.add_argument("--report_only", action="store_true",
-                   help="run nothing: rebuild the table, run_all.json and the chart from the JSON already in --out "
-                        "(e.g. after re-running one benchmark alone)")
-    p.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
-                   help="extra command-line arguments for one benchmark, e.g. 'ps_ratios=--rounds=3'")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, one repetition (for tests; not meaningful)",
+    )
+    p.add_argument(
+        "--only", default=",".join(BENCHMARKS), help="comma-separated subset of the benchmarks"
+    )
+    p.add_argument(
+        "--report_only",
+        action="store_true",
+        help="run nothing: rebuild the table, run_all.json and the chart from the JSON already in --out "
+        "(e.g. after re-running one benchmark alone)",
+    )
+    p.add_argument(
+        "--args",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="extra command-line arguments for one benchmark, e.g. 'ps_ratios=--rounds=3'",
+    )
     args = p.parse_args(argv)
     args.only = [b for b in args.only.replace(" ", "").split(",") if b]
     unknown = sorted(set(args.only) - set(BENCHMARKS))
@@ -60,15 +86,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for item in args.args:
         name, sep, rest = item.partition("=")
         if not sep or name not in BENCHMARKS:
-            p.error(f"--args needs NAME=ARGS with NAME one of {', '.join(BENCHMARKS)}, got {item!r}")
+            p.error(
+                f"--args needs NAME=ARGS with NAME one of {', '.join(BENCHMARKS)}, got {item!r}"
+            )
         extra.setdefault(name, []).extend(shlex.split(rest))
     args.extra = extra
     return args
 
 
 def run_one(name: str, args: argparse.Namespace) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", f"benchmarks.{name}", f"--out={args.out}", *(["--smoke"] if args.smoke else []),
-           *args.extra.get(name, [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        f"benchmarks.{name}",
+        f"--out={args.out}",
+        *(["--smoke"] if args.smoke else []),
+        *args.extra.get(name, []),
+    ]
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_common.REPO, env.get("PYTHONPATH")]))
@@ -95,8 +129,18 @@ def table_rows(figures: list[dict]) -> list[list[str]]:
         target = f["target"] or "-"
         if f["meets_target"] is not None:
             target += " met" if f["meets_target"] else " NOT met"
-        rows.append([f["benchmark"], f["figure"], _number(f["value"], f["unit"]), f["baseline"], ratio, spread,
-                     str(f["repetitions"]), target])
+        rows.append(
+            [
+                f["benchmark"],
+                f["figure"],
+                _number(f["value"], f["unit"]),
+                f["baseline"],
+                ratio,
+                spread,
+                str(f["repetitions"]),
+                target,
+            ]
+        )
     return rows
 
 
@@ -111,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[run_all] {name} FAILED with exit code {code}", flush=True)
             continue
         if not os.path.exists(path):
-            print(f"[run_all] {name} FAILED: it wrote no {path}"
-                  + ("; run it first (without --report_only)" if args.report_only else ""), flush=True)
+            print(
+                f"[run_all] {name} FAILED: it wrote no {path}"
+                + ("; run it first (without --report_only)" if args.report_only else ""),
+                flush=True,
+            )
             status[name]["exit_code"] = 1
             continue
         with open(path) as f:
@@ -128,16 +175,38 @@ def main(argv: list[str] | None = None) -> int:
     print(_common.format_table(COLUMNS, table_rows(figures), left=(0, 1, 3, 7)))
     for name, st in status.items():
         outcome = "ok" if st["exit_code"] == 0 else f"FAILED exit {st['exit_code']}"
-        print(f"  {name}: " + (f"{outcome} (from its JSON)" if args.report_only else f"{outcome} in {st['wall_s']:.0f}s"))
+        print(
+            f"  {name}: "
+            + (
+                f"{outcome} (from its JSON)"
+                if args.report_only
+                else f"{outcome} in {st['wall_s']:.0f}s"
+            )
+        )
 
     from benchmarks import chart
+
     env = _common.environment()
     gpus = sorted({g for e in environments.values() if e for g in e.get("gpus", [])})
-    png = chart.write_chart(figures, os.path.join(args.out, "run_all.png"),
-                            f"{title}; {env['cpu_count']} CPUs" + (f", GPUs {', '.join(gpus)}" if gpus else ", no GPU"))
-    path = _common.write_json(args.out, "run_all", {
-        "smoke": smoke, "status": status, "environment": env, "gpus": gpus, "columns": COLUMNS,
-        "rows": table_rows(figures), "figures": figures, "chart": png})
+    png = chart.write_chart(
+        figures,
+        os.path.join(args.out, "run_all.png"),
+        f"{title}; {env['cpu_count']} CPUs" + (f", GPUs {', '.join(gpus)}" if gpus else ", no GPU"),
+    )
+    path = _common.write_json(
+        args.out,
+        "run_all",
+        {
+            "smoke": smoke,
+            "status": status,
+            "environment": env,
+            "gpus": gpus,
+            "columns": COLUMNS,
+            "rows": table_rows(figures),
+            "figures": figures,
+            "chart": png,
+        },
+    )
     print(f"[run_all] wrote {path}" + (f" and {png}" if png else ""), flush=True)
     return 0 if all(st["exit_code"] == 0 for st in status.values()) else 1
 

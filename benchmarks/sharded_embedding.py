@@ -45,28 +45,63 @@ UNSHARDED = ("ClickTrainer.num_shards = 1",)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.sharded_embedding", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", "--config", default="tiny,100m",
-                   help=f"comma-separated configs from configs/sharded_embedding ({', '.join(CONFIGS)})")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.sharded_embedding",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--configs",
+        "--config",
+        default="tiny,100m",
+        help=f"comma-separated configs from configs/sharded_embedding ({', '.join(CONFIGS)})",
+    )
     p.add_argument("--steps", type=int, default=500, help="timed steps per repetition")
-    p.add_argument("--steps_per_call", type=int, default=100, help="steps per loop.train() call (the log interval)")
+    p.add_argument(
+        "--steps_per_call",
+        type=int,
+        default=100,
+        help="steps per loop.train() call (the log interval)",
+    )
     p.add_argument("--steps_per_loop", type=int, default=10, help="parameter_server.steps_per_loop")
     p.add_argument("--warmup_steps", type=int, default=100)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--batch_size", type=int, default=None, help="override Trainer.global_batch_size")
+    p.add_argument(
+        "--batch_size", type=int, default=None, help="override Trainer.global_batch_size"
+    )
     p.add_argument("--num_workers", type=int, default=2)
     p.add_argument("--num_ps", type=int, default=2)
-    p.add_argument("--bytes_batches", type=int, default=20, help="batches sampled to count distinct ids per step")
+    p.add_argument(
+        "--bytes_batches",
+        type=int,
+        default=20,
+        help="batches sampled to count distinct ids per step",
+    )
     p.add_argument("--startup_timeout_s", type=float, default=180.0)
     p.add_argument("--chief_timeout_s", type=float, default=3600.0)
-    p.add_argument("--gin_bindings", action="append", default=[], help="extra gin bindings for every config")
-    p.add_argument("--baseline", default="unsharded", choices=("unsharded", "none"),
-                   help="also run each config with ClickTrainer.num_shards = 1 (one variable per table, "
-                        "as a plain Keras Embedding under ParameterServerStrategy) as the baseline")
-    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for sharded_embedding.json and task logs")
-    p.add_argument("--smoke", action="store_true", help="the tiny config, few steps, one repetition (for tests)")
-    p.add_argument("--chief", help=argparse.SUPPRESS)  # internal: run as the chief of this JSON cluster spec
+    p.add_argument(
+        "--gin_bindings", action="append", default=[], help="extra gin bindings for every config"
+    )
+    p.add_argument(
+        "--baseline",
+        default="unsharded",
+        choices=("unsharded", "none"),
+        help="also run each config with ClickTrainer.num_shards = 1 (one variable per table, "
+        "as a plain Keras Embedding under ParameterServerStrategy) as the baseline",
+    )
+    p.add_argument(
+        "--out",
+        default=_common.DEFAULT_OUT,
+        help="directory for sharded_embedding.json and task logs",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the tiny config, few steps, one repetition (for tests)",
+    )
+    p.add_argument(
+        "--chief", help=argparse.SUPPRESS
+    )  # internal: run as the chief of this JSON cluster spec
     args = p.parse_args(argv)
     args.configs = [c for c in args.configs.replace(" ", "").split(",") if c]
     if args.smoke:
@@ -84,11 +119,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def gin_files(config: str) -> list[str]:
-    return [os.path.join(_common.REPO, "configs", "sharded_embedding", f"{config}.gin"),
-            os.path.join(_common.REPO, "configs", "strategies", "parameter_server.gin")]
+    return [
+        os.path.join(_common.REPO, "configs", "sharded_embedding", f"{config}.gin"),
+        os.path.join(_common.REPO, "configs", "strategies", "parameter_server.gin"),
+    ]
 
 
 # -- the chief (a separate process per config) ----------------------------------------------------
+
 
 def chief_main(args: argparse.Namespace) -> None:
     spec = json.loads(args.chief)
@@ -97,10 +135,15 @@ def chief_main(args: argparse.Namespace) -> None:
     import gin
     import numpy as np
 
-    from tfdist_trainer import layers, loops, state as state_lib
+    from tfdist_trainer import layers, loops
+    from tfdist_trainer import state as state_lib
     from tfdist_trainer.config import load_experiment
 
-    bindings = [f"parameter_server.steps_per_loop={args.steps_per_loop}", *args.gin_bindings, *spec["bindings"]]
+    bindings = [
+        f"parameter_server.steps_per_loop={args.steps_per_loop}",
+        *args.gin_bindings,
+        *spec["bindings"],
+    ]
     if args.batch_size:
         bindings.append(f"Trainer.global_batch_size={args.batch_size}")
     experiment = load_experiment(gin_files(config), bindings)
@@ -119,15 +162,22 @@ def chief_main(args: argparse.Namespace) -> None:
     batch = trainer.global_batch_size
     tables = [(layer.input_dim, layer.output_dim) for layer in layers.sharded_layers(trainer.model)]
     sample = trainer.synthetic.dataset(batch, first_batch=123_456, num_batches=args.bytes_batches)
-    distinct = np.mean([[len(np.unique(f["categorical"][:, i].numpy())) for i in range(len(tables))]
-                        for f, _ in sample], axis=0)
+    distinct = np.mean(
+        [
+            [len(np.unique(f["categorical"][:, i].numpy())) for i in range(len(tables))]
+            for f, _ in sample
+        ],
+        axis=0,
+    )
     row_bytes = [4 * width for _, width in tables]
     fetched = float(sum(d * b for d, b in zip(distinct, row_bytes)))
     ids_bytes = float(8 * distinct.sum())
     table_bytes = sum(4 * rows * width for rows, width in tables)
     per_step = 2 * fetched + 2 * ids_bytes  # rows out and gradient rows back, ids both ways
 
-    loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, experiment.steps_per_loop)
+    loop = loops.ScheduledTrainLoop(
+        strategy, coordinator, trainer, global_step, experiment.steps_per_loop
+    )
     t0 = time.perf_counter()
     warm_loss = loop.train(args.warmup_steps).loss
     warmup_s = time.perf_counter() - t0
@@ -137,13 +187,22 @@ def chief_main(args: argparse.Namespace) -> None:
         for _ in range(args.steps // args.steps_per_call):
             losses.append(loop.train(args.steps_per_call).loss)
         times.append(time.perf_counter() - t0)
-        print(f"[{NAME}] {config}: round {rep + 1}/{args.repeats}: {args.steps / times[-1]:.1f} steps/s", flush=True)
+        print(
+            f"[{NAME}] {config}: round {rep + 1}/{args.repeats}: {args.steps / times[-1]:.1f} steps/s",
+            flush=True,
+        )
     stats = _common.summarize(times, args.steps)
     result = {
-        "config": config, **stats,
-        "examples_per_s": stats["steps_per_s"] * batch, "batch_size": batch,
-        "steps_per_loop": experiment.steps_per_loop, "steps_per_call": args.steps_per_call,
-        "build_state_s": build_s, "warmup_s": warmup_s, "warmup_loss": warm_loss, "final_loss": losses[-1],
+        "config": config,
+        **stats,
+        "examples_per_s": stats["steps_per_s"] * batch,
+        "batch_size": batch,
+        "steps_per_loop": experiment.steps_per_loop,
+        "steps_per_call": args.steps_per_call,
+        "build_state_s": build_s,
+        "warmup_s": warmup_s,
+        "warmup_loss": warm_loss,
+        "final_loss": losses[-1],
         "global_step": int(global_step.numpy()),
         "table_parameters": sum(rows * width for rows, width in tables),
         "model_parameters": int(sum(np.prod(v.shape) for v in trainer.model.variables)),
@@ -168,18 +227,26 @@ def chief_main(args: argparse.Namespace) -> None:
 
 # -- one cluster per config -------------------------------------------------------------------------
 
-def run_config(config: str, args: argparse.Namespace, run_dir: str,
-               bindings: tuple[str, ...] = ()) -> tuple[dict, dict[str, int]]:
+
+def run_config(
+    config: str, args: argparse.Namespace, run_dir: str, bindings: tuple[str, ...] = ()
+) -> tuple[dict, dict[str, int]]:
     """Serving ps/worker tasks for `config`, and a chief process (this module with --chief) that measures."""
     cluster = _cluster.pick_cluster({"chief": 1, "worker": args.num_workers, "ps": args.num_ps})
     with _cluster.LocalCluster(cluster, run_dir, gin_files(config)) as tasks:
-        print(f"[{NAME}] {config}: chief + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
-              f"logs in {tasks.log_dir}", flush=True)
+        print(
+            f"[{NAME}] {config}: chief + {args.num_workers} workers + {args.num_ps} ps on 127.0.0.1; "
+            f"logs in {tasks.log_dir}",
+            flush=True,
+        )
         tasks.start(args.startup_timeout_s)
         spec = json.dumps({"cluster": cluster, "config": config, "bindings": list(bindings)})
         argv = [a for a in sys.argv[1:] if not a.startswith("--chief")]
-        tasks.spawn("chief:0", [sys.executable, "-m", "benchmarks.sharded_embedding", *argv, f"--chief={spec}"],
-                    _cluster.task_env(None))
+        tasks.spawn(
+            "chief:0",
+            [sys.executable, "-m", "benchmarks.sharded_embedding", *argv, f"--chief={spec}"],
+            _cluster.task_env(None),
+        )
         tasks.wait("chief:0", args.chief_timeout_s, sample_rss=True)
         return tasks.result_line("chief:0"), dict(sorted(tasks.peak.items()))
 
@@ -209,10 +276,19 @@ def run(args: argparse.Namespace) -> dict:
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.sharded_embedding", *sys.argv[1:]]),
-        "config": {"configs": args.configs, "steps": args.steps, "steps_per_call": args.steps_per_call,
-                   "steps_per_loop": args.steps_per_loop, "warmup_steps": args.warmup_steps,
-                   "repeats": args.repeats, "num_workers": args.num_workers, "num_ps": args.num_ps,
-                   "batch_size": args.batch_size, "gin_bindings": args.gin_bindings, "strategy": "parameter_server"},
+        "config": {
+            "configs": args.configs,
+            "steps": args.steps,
+            "steps_per_call": args.steps_per_call,
+            "steps_per_loop": args.steps_per_loop,
+            "warmup_steps": args.warmup_steps,
+            "repeats": args.repeats,
+            "num_workers": args.num_workers,
+            "num_ps": args.num_ps,
+            "batch_size": args.batch_size,
+            "gin_bindings": args.gin_bindings,
+            "strategy": "parameter_server",
+        },
         "environment": results[0]["environment"] if results else _common.environment(),
         "results": {r["config"]: r for r in results},
         "baselines": baselines,
@@ -221,8 +297,12 @@ def run(args: argparse.Namespace) -> dict:
     if len(results) > 1:
         base = results[0]
         payload["ratios_vs_" + base["config"]] = {
-            r["config"]: {"table_bytes": r["table_bytes"] / base["table_bytes"],
-                          "steps_per_s": r["steps_per_s"] / base["steps_per_s"]} for r in results[1:]}
+            r["config"]: {
+                "table_bytes": r["table_bytes"] / base["table_bytes"],
+                "steps_per_s": r["steps_per_s"] / base["steps_per_s"],
+            }
+            for r in results[1:]
+        }
     _common.publish(out, NAME, payload, format_report(payload))
     return payload
 
@@ -235,20 +315,37 @@ def figures(results: list[dict], baselines: dict[str, dict], repeats: int) -> li
         if base:
             ratio = r["steps_per_s"] / base["steps_per_s"]
             # Separate clusters, so no pairing: the widest range the repetitions allow.
-            spread = [r["steps_per_s_min"] / base["steps_per_s_max"], r["steps_per_s_max"] / base["steps_per_s_min"]]
+            spread = [
+                r["steps_per_s_min"] / base["steps_per_s_max"],
+                r["steps_per_s_max"] / base["steps_per_s_min"],
+            ]
         else:
             ratio, spread = None, None
-        out.append(_common.figure(
-            f"sharded embedding {r['config']} ({r['table_parameters'] / 1e6:.1f} M table params, "
-            f"{r['num_shards']} shards), steps/s", r["steps_per_s"], "steps/s",
-            baseline="num_shards=1 (one variable per table)" if base else "none",
-            ratio=ratio, ratio_label="speedup", repetitions=repeats, spread=spread))
-        out.append(_common.figure(
-            f"sharded embedding {r['config']}, bytes moved per step (estimate)",
-            r["estimated_bytes_moved_per_step"], "bytes/step",
-            baseline="a dense read and write of the whole tables per step",
-            ratio=r["estimated_bytes_moved_per_step"] / r["dense_read_bytes_per_step"], ratio_label="fraction",
-            repetitions=repeats, spread=None))
+        out.append(
+            _common.figure(
+                f"sharded embedding {r['config']} ({r['table_parameters'] / 1e6:.1f} M table params, "
+                f"{r['num_shards']} shards), steps/s",
+                r["steps_per_s"],
+                "steps/s",
+                baseline="num_shards=1 (one variable per table)" if base else "none",
+                ratio=ratio,
+                ratio_label="speedup",
+                repetitions=repeats,
+                spread=spread,
+            )
+        )
+        out.append(
+            _common.figure(
+                f"sharded embedding {r['config']}, bytes moved per step (estimate)",
+                r["estimated_bytes_moved_per_step"],
+                "bytes/step",
+                baseline="a dense read and write of the whole tables per step",
+                ratio=r["estimated_bytes_moved_per_step"] / r["dense_read_bytes_per_step"],
+                ratio_label="fraction",
+                repetitions=repeats,
+                spread=None,
+            )
+        )
     return out
 
 
@@ -258,9 +355,11 @@ def _mib(n: float | None) -> str:
 
 def format_row_report(r: dict) -> str:
     peaks = ", ".join(f"{role} {_mib(v)} MiB" for role, v in r["peak_rss_bytes"].items())
-    return (f"[{NAME}] {r['config']}: {r['steps_per_s']:.1f} steps/s ({r['examples_per_s']:.0f} examples/s), "
-            f"{r['table_parameters'] / 1e6:.1f} M table parameters in {r['num_shards']} shards, built in "
-            f"{r['build_state_s']:.1f}s; peak RSS: {peaks}, chief {_mib(r['chief_peak_rss_bytes'])} MiB")
+    return (
+        f"[{NAME}] {r['config']}: {r['steps_per_s']:.1f} steps/s ({r['examples_per_s']:.0f} examples/s), "
+        f"{r['table_parameters'] / 1e6:.1f} M table parameters in {r['num_shards']} shards, built in "
+        f"{r['build_state_s']:.1f}s; peak RSS: {peaks}, chief {_mib(r['chief_peak_rss_bytes'])} MiB"
+    )
 
 
 def format_report(payload: dict) -> str:
@@ -268,35 +367,102 @@ def format_report(payload: dict) -> str:
     rows, bytes_rows = [], []
     for name, r in payload["results"].items():
         ps_peak = [v for role, v in r["peak_rss_bytes"].items() if role.startswith("ps")]
-        rows.append([name, f"{r['table_parameters'] / 1e6:,.1f}", r["num_shards"], r["batch_size"],
-                     f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
-                     f"{r['examples_per_s']:,.0f}", f"{r['build_state_s']:.1f}",
-                     f"{100 * r['ps_imbalance']:.1f}%", " / ".join(_mib(v) for v in ps_peak),
-                     _mib(r["chief_peak_rss_bytes"])])
-        bytes_rows.append([name, f"{r['ids_per_step']:,}", f"{r['distinct_ids_per_step']:,.0f}",
-                           f"{r['estimated_bytes_moved_per_step'] / 2**20:,.2f}",
-                           f"{r['table_bytes'] / 2**20:,.1f}", f"{r['moved_fraction_of_table']:.2e}",
-                           f"{r['dense_read_bytes_per_step'] / max(r['estimated_bytes_moved_per_step'], 1):,.0f}x"])
+        rows.append(
+            [
+                name,
+                f"{r['table_parameters'] / 1e6:,.1f}",
+                r["num_shards"],
+                r["batch_size"],
+                f"{r['steps_per_s']:.1f}",
+                f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                f"{r['examples_per_s']:,.0f}",
+                f"{r['build_state_s']:.1f}",
+                f"{100 * r['ps_imbalance']:.1f}%",
+                " / ".join(_mib(v) for v in ps_peak),
+                _mib(r["chief_peak_rss_bytes"]),
+            ]
+        )
+        bytes_rows.append(
+            [
+                name,
+                f"{r['ids_per_step']:,}",
+                f"{r['distinct_ids_per_step']:,.0f}",
+                f"{r['estimated_bytes_moved_per_step'] / 2**20:,.2f}",
+                f"{r['table_bytes'] / 2**20:,.1f}",
+                f"{r['moved_fraction_of_table']:.2e}",
+                f"{r['dense_read_bytes_per_step'] / max(r['estimated_bytes_moved_per_step'], 1):,.0f}x",
+            ]
+        )
     for name, b in payload.get("baselines", {}).items():
         r = payload["results"][name]
-        rows.append([f"{name} num_shards=1", f"{b['table_parameters'] / 1e6:,.1f}", b["num_shards"], b["batch_size"],
-                     f"{b['steps_per_s']:.1f}", f"{b['steps_per_s_min']:.1f}..{b['steps_per_s_max']:.1f}",
-                     f"{b['examples_per_s']:,.0f}", f"{b['build_state_s']:.1f}",
-                     f"{100 * b['ps_imbalance']:.1f}%",
-                     " / ".join(_mib(v) for role, v in b["peak_rss_bytes"].items() if role.startswith("ps")),
-                     _mib(b["chief_peak_rss_bytes"])])
-        rows.append(["  sharded / num_shards=1", "", "", "", f"{r['steps_per_s'] / b['steps_per_s']:.2f}x",
-                     "", "", "", "", "", ""])
-    lines = [f"parameter_server: chief + {cfg['num_workers']} workers + {cfg['num_ps']} ps on 127.0.0.1, "
-             f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), "
-             f"steps_per_loop {cfg['steps_per_loop']}, {cfg['steps_per_call']} steps per call",
-             _common.format_table(["config", "table M params", "shards", "batch", "steps/s", "min..max",
-                                   "examples/s", "build s", "ps imbalance", "ps peak RSS MiB", "chief MiB"], rows),
-             "",
-             "bytes per step (estimate: distinct rows out + gradient rows back + int64 ids both ways) "
-             "vs the whole tables (a dense read and write per step would move 2x table bytes):",
-             _common.format_table(["config", "ids/step", "distinct ids/step", "MiB moved/step", "table MiB",
-                                   "moved / table", "dense / sparse"], bytes_rows)]
+        rows.append(
+            [
+                f"{name} num_shards=1",
+                f"{b['table_parameters'] / 1e6:,.1f}",
+                b["num_shards"],
+                b["batch_size"],
+                f"{b['steps_per_s']:.1f}",
+                f"{b['steps_per_s_min']:.1f}..{b['steps_per_s_max']:.1f}",
+                f"{b['examples_per_s']:,.0f}",
+                f"{b['build_state_s']:.1f}",
+                f"{100 * b['ps_imbalance']:.1f}%",
+                " / ".join(
+                    _mib(v) for role, v in b["peak_rss_bytes"].items() if role.startswith("ps")
+                ),
+                _mib(b["chief_peak_rss_bytes"]),
+            ]
+        )
+        rows.append(
+            [
+                "  sharded / num_shards=1",
+                "",
+                "",
+                "",
+                f"{r['steps_per_s'] / b['steps_per_s']:.2f}x",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+            ]
+        )
+    lines = [
+        f"parameter_server: chief + {cfg['num_workers']} workers + {cfg['num_ps']} ps on 127.0.0.1, "
+        f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), "
+        f"steps_per_loop {cfg['steps_per_loop']}, {cfg['steps_per_call']} steps per call",
+        _common.format_table(
+            [
+                "config",
+                "table M params",
+                "shards",
+                "batch",
+                "steps/s",
+                "min..max",
+                "examples/s",
+                "build s",
+                "ps imbalance",
+                "ps peak RSS MiB",
+                "chief MiB",
+            ],
+            rows,
+        ),
+        "",
+        "bytes per step (estimate: distinct rows out + gradient rows back + int64 ids both ways) "
+        "vs the whole tables (a dense read and write per step would move 2x table bytes):",
+        _common.format_table(
+            [
+                "config",
+                "ids/step",
+                "distinct ids/step",
+                "MiB moved/step",
+                "table MiB",
+                "moved / table",
+                "dense / sparse",
+            ],
+            bytes_rows,
+        ),
+    ]
     return "\n".join(lines)
 
 

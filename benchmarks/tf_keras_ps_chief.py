@@ -46,6 +46,7 @@ def main(spec_path: str) -> dict:
     import numpy as np
     import tensorflow as tf
     import tf_keras
+
     import_s = time.perf_counter() - t_import
 
     tf_keras.utils.set_random_seed(spec["seed"])
@@ -59,32 +60,38 @@ def main(spec_path: str) -> dict:
     f0, f1 = spec["filters"]
     with strategy.scope():
         layers = tf_keras.layers
-        model = tf_keras.Sequential([
-            tf_keras.Input((28, 28, 1)),
-            layers.Conv2D(f0, 3, activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Conv2D(f1, 3, activation="relu"),
-            layers.MaxPooling2D(),
-            layers.Flatten(),
-            layers.Dense(spec["dense_units"], activation="relu"),
-            layers.Dense(10),
-        ])
-        model.compile(optimizer=tf_keras.optimizers.Adam(spec["learning_rate"]),
-                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=[tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                      steps_per_execution=spec["steps_per_execution"])
+        model = tf_keras.Sequential(
+            [
+                tf_keras.Input((28, 28, 1)),
+                layers.Conv2D(f0, 3, activation="relu"),
+                layers.MaxPooling2D(),
+                layers.Conv2D(f1, 3, activation="relu"),
+                layers.MaxPooling2D(),
+                layers.Flatten(),
+                layers.Dense(spec["dense_units"], activation="relu"),
+                layers.Dense(10),
+            ]
+        )
+        model.compile(
+            optimizer=tf_keras.optimizers.Adam(spec["learning_rate"]),
+            loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=[tf_keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            steps_per_execution=spec["steps_per_execution"],
+        )
 
     def normalize(image, label):
         return tf.cast(image, tf.float32) / 255.0, label
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch = input_context.get_per_replica_batch_size(global_batch)
-        return (tf.data.Dataset.from_tensor_slices((images, labels))
-                .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
-                .cache()
-                .repeat()
-                .batch(batch, drop_remainder=True)
-                .prefetch(tf.data.AUTOTUNE))
+        return (
+            tf.data.Dataset.from_tensor_slices((images, labels))
+            .map(normalize, num_parallel_calls=tf.data.AUTOTUNE)
+            .cache()
+            .repeat()
+            .batch(batch, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE)
+        )
 
     steps_per_epoch = spec["steps_per_call"]
     warmup_epochs = spec["warmup_steps"] // steps_per_epoch
@@ -93,10 +100,15 @@ def main(spec_path: str) -> dict:
     clock = tf_keras.callbacks.LambdaCallback(
         on_train_begin=lambda logs: train_begin.append(time.perf_counter()),
         on_epoch_begin=lambda epoch, logs: begins.append(time.perf_counter()),
-        on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()))
-    history = model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
-                        steps_per_epoch=steps_per_epoch, epochs=warmup_epochs + timed_epochs,
-                        verbose=0, callbacks=[clock])
+        on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()),
+    )
+    history = model.fit(
+        tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+        steps_per_epoch=steps_per_epoch,
+        epochs=warmup_epochs + timed_epochs,
+        verbose=0,
+        callbacks=[clock],
+    )
     timed_s = ends[-1] - ends[warmup_epochs - 1]
     # Diagnostics, after the timed span: fit reads its steps_per_execution counter (a tf.Variable created
     # under the strategy scope, so on a ps) on the chief once or twice per scheduled closure.
@@ -108,13 +120,15 @@ def main(spec_path: str) -> dict:
     keras3 = sorted(m for m in sys.modules if m == "keras" or m.startswith("keras."))
     return {
         "variant": spec["variant"],
-        "steps": spec["steps"], "steps_per_call": steps_per_epoch,
+        "steps": spec["steps"],
+        "steps_per_call": steps_per_epoch,
         "steps_per_execution": spec["steps_per_execution"],
         "closures_per_call": -(-steps_per_epoch // spec["steps_per_execution"]),
         "timed_s": timed_s,
         "call_times_s": [e - b for b, e in zip(begins[warmup_epochs:], ends[warmup_epochs:])],
         "import_s": import_s,
-        "build_s": train_begin[0] - t0,  # strategy, model, compile and fit's set-up (datasets, coordinator)
+        "build_s": train_begin[0]
+        - t0,  # strategy, model, compile and fit's set-up (datasets, coordinator)
         "warmup_s": ends[warmup_epochs - 1] - train_begin[0],
         "warmup_steps": warmup_epochs * steps_per_epoch,
         "warmup_loss": float(losses[warmup_epochs - 1]),
@@ -123,8 +137,10 @@ def main(spec_path: str) -> dict:
         "expected_steps": (warmup_epochs + timed_epochs) * steps_per_epoch,
         "num_replicas_in_sync": strategy.num_replicas_in_sync,
         "variable_devices": sorted({v.device for v in model.variables}),
-        "counter_variable_devices": {"steps_per_execution": model._steps_per_execution.device,
-                                     "train_counter": model._train_counter.device},
+        "counter_variable_devices": {
+            "steps_per_execution": model._steps_per_execution.device,
+            "train_counter": model._train_counter.device,
+        },
         "counter_read_ms": counter_read_ms,
         "tensorflow": tf.__version__,
         "tf_keras": tf_keras.__version__,

@@ -39,7 +39,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from benchmarks import _common
 
@@ -47,10 +47,10 @@ NAME = "trainer_vs_baselines"
 BASELINE = "handwritten"
 DEFAULT_VARIANTS = ("trainer", "handwritten", "fit_default", "fit_spe100")
 ALL_VARIANTS = DEFAULT_VARIANTS + ("trainer_jit", "fit_default_nojit", "fit_spe100_nojit")
-TARGET_TRAINER_OVER_HANDWRITTEN = 1.05   # time ratio, at most
-TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.4      # fit_default time / trainer time, at least
+TARGET_TRAINER_OVER_HANDWRITTEN = 1.05  # time ratio, at most
+TARGET_SPEEDUP_VS_FIT_DEFAULT = 1.4  # fit_default time / trainer time, at least
 ISOLATION_CHECK = "handwritten_with_others"
-TARGET_ISOLATION = 0.9                   # baseline steps/s with the others in its process / alone, at least
+TARGET_ISOLATION = 0.9  # baseline steps/s with the others in its process / alone, at least
 
 DESCRIPTIONS = {
     "trainer": "tfdist_trainer TrainLoop, steps_per_loop={spl}",
@@ -64,22 +64,43 @@ DESCRIPTIONS = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.trainer_vs_baselines", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.trainer_vs_baselines",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--steps", type=int, default=500, help="timed steps per repetition and variant")
-    p.add_argument("--repeats", type=int, default=9,
-                   help="timed repetitions per variant (many short interleaved rounds resist load drift)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=9,
+        help="timed repetitions per variant (many short interleaved rounds resist load drift)",
+    )
     p.add_argument("--warmup_steps", type=int, default=200, help="untimed steps per variant first")
-    p.add_argument("--steps_per_loop", type=int, default=100,
-                   help="steps per tf.function call (trainer, handwritten) and steps_per_execution (fit_spe100)")
+    p.add_argument(
+        "--steps_per_loop",
+        type=int,
+        default=100,
+        help="steps per tf.function call (trainer, handwritten) and steps_per_execution (fit_spe100)",
+    )
     _common.add_model_args(p)
-    p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                   help=f"comma-separated subset of {','.join(ALL_VARIANTS)}; must include {BASELINE}")
+    p.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma-separated subset of {','.join(ALL_VARIANTS)}; must include {BASELINE}",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=_common.DEFAULT_OUT, help="directory for trainer_vs_baselines.json")
-    p.add_argument("--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)")
-    p.add_argument("--no_isolation_check", action="store_true",
-                   help=f"skip the {ISOLATION_CHECK} process (baseline timed with the other variants beside it)")
+    p.add_argument(
+        "--out", default=_common.DEFAULT_OUT, help="directory for trainer_vs_baselines.json"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
+    )
+    p.add_argument(
+        "--no_isolation_check",
+        action="store_true",
+        help=f"skip the {ISOLATION_CHECK} process (baseline timed with the other variants beside it)",
+    )
     _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
     args.argv = list(argv)
@@ -101,17 +122,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 # -- the variants: each returns a function that runs n steps and blocks until done -------------
 
+
 def _template(args, pool):
     """A MnistTrainer reading the benchmark pool; only used for its build_model / build_optimizer."""
-    return _common.bench_trainer_cls()(pool=pool, global_batch_size=args.batch_size,
-                                       filters=args.filters, dense_units=args.dense_units)
+    return _common.bench_trainer_cls()(
+        pool=pool,
+        global_batch_size=args.batch_size,
+        filters=args.filters,
+        dense_units=args.dense_units,
+    )
 
 
 def make_trainer(args, pool, jit_compile: bool = False) -> Callable[[int], float]:
     from tfdist_trainer.strategies import OneDevice
-    return _common.trainer_loop(OneDevice(), pool, batch_size=args.batch_size, filters=args.filters,
-                                dense_units=args.dense_units, steps_per_loop=args.steps_per_loop, seed=args.seed,
-                                jit_compile=jit_compile)
+
+    return _common.trainer_loop(
+        OneDevice(),
+        pool,
+        batch_size=args.batch_size,
+        filters=args.filters,
+        dense_units=args.dense_units,
+        steps_per_loop=args.steps_per_loop,
+        seed=args.seed,
+        jit_compile=jit_compile,
+    )
 
 
 def make_handwritten(args, pool) -> Callable[[int], float]:
@@ -134,7 +168,8 @@ def make_handwritten(args, pool) -> Callable[[int], float]:
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
                 loss = tf.reduce_mean(
-                    keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+                    keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+                )
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             accuracy.update_state(labels, logits)
@@ -147,6 +182,7 @@ def make_handwritten(args, pool) -> Callable[[int], float]:
             loss = train_steps(iterator, tf.constant(n, tf.int64))
             done += n
         return float(loss)
+
     return run
 
 
@@ -157,17 +193,23 @@ def make_fit(args, pool, *, steps_per_execution: int, jit_compile) -> Callable[[
     keras.utils.set_random_seed(args.seed)
     template = _template(args, pool)
     model = template.build_model()
-    model.compile(optimizer=template.build_optimizer(),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                  steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+    model.compile(
+        optimizer=template.build_optimizer(),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        steps_per_execution=steps_per_execution,
+        jit_compile=jit_compile,
+    )
     dataset = _common.make_dataset(pool, args.batch_size).prefetch(tf.data.AUTOTUNE)
 
     def run(steps: int) -> float:
         # shuffle=False only silences a warning: fit never shuffles a tf.data.Dataset.
         history = model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, shuffle=False)
-        run.info.update(jit_compile=bool(model.jit_compile), steps_per_execution=int(model.steps_per_execution))
+        run.info.update(
+            jit_compile=bool(model.jit_compile), steps_per_execution=int(model.steps_per_execution)
+        )
         return float(history.history["loss"][-1])
+
     run.info = {}
     return run
 
@@ -181,11 +223,14 @@ def build_variant(name: str, args, pool) -> Callable[[int], float]:
         "fit_default": lambda: make_fit(args, pool, steps_per_execution=1, jit_compile="auto"),
         "fit_spe100": lambda: make_fit(args, pool, steps_per_execution=spl, jit_compile="auto"),
         "fit_default_nojit": lambda: make_fit(args, pool, steps_per_execution=1, jit_compile=False),
-        "fit_spe100_nojit": lambda: make_fit(args, pool, steps_per_execution=spl, jit_compile=False),
+        "fit_spe100_nojit": lambda: make_fit(
+            args, pool, steps_per_execution=spl, jit_compile=False
+        ),
     }[name]()
 
 
 # -- the run --------------------------------------------------------------------------------------
+
 
 def serve(args: argparse.Namespace) -> None:
     """A child process: builds the variant named by --variant_process and runs what the parent asks."""
@@ -197,15 +242,24 @@ def serve(args: argparse.Namespace) -> None:
         if name != ISOLATION_CHECK:
             return build_variant(name, args, pool)
         # Every other variant's objects (models, iterators, their threads) live on beside the baseline.
-        others = {other: build_variant(other, args, pool) for other in args.variants if other != BASELINE}
+        others = {
+            other: build_variant(other, args, pool) for other in args.variants if other != BASELINE
+        }
         for other in others.values():
             other(args.warmup_steps)
         baseline = build_variant(BASELINE, args, pool)
         baseline.others = others
         return baseline
-    description = (f"{DESCRIPTIONS[BASELINE]}, with {', '.join(v for v in args.variants if v != BASELINE)} "
-                   f"built in its process" if name == ISOLATION_CHECK else DESCRIPTIONS[name])
-    _common.serve_variant(build, args.warmup_steps, {"description": description.format(spl=args.steps_per_loop)})
+
+    description = (
+        f"{DESCRIPTIONS[BASELINE]}, with {', '.join(v for v in args.variants if v != BASELINE)} "
+        f"built in its process"
+        if name == ISOLATION_CHECK
+        else DESCRIPTIONS[name]
+    )
+    _common.serve_variant(
+        build, args.warmup_steps, {"description": description.format(spl=args.steps_per_loop)}
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -213,10 +267,12 @@ def run(args: argparse.Namespace) -> dict:
     import tensorflow as tf
 
     pool = _common.load_pool(args.data, args.pool_size, args.seed)  # its size, for the report
-    print(f"[{NAME}] data={args.data} ({len(pool[1])} examples) batch={args.batch_size} "
-          f"filters={args.filters} dense={args.dense_units} steps={args.steps} x {args.repeats} "
-          f"(warm-up {args.warmup_steps}) on {tf.config.list_logical_devices()[0].name}, one process per variant",
-          flush=True)
+    print(
+        f"[{NAME}] data={args.data} ({len(pool[1])} examples) batch={args.batch_size} "
+        f"filters={args.filters} dense={args.dense_units} steps={args.steps} x {args.repeats} "
+        f"(warm-up {args.warmup_steps}) on {tf.config.list_logical_devices()[0].name}, one process per variant",
+        flush=True,
+    )
     names = args.variants + ([] if args.no_isolation_check else [ISOLATION_CHECK])
     procs = _common.VariantProcesses(f"benchmarks.{NAME}", names, args.argv, NAME)
     try:
@@ -228,59 +284,88 @@ def run(args: argparse.Namespace) -> dict:
     for name in args.variants:
         info = dict(procs.info[name])
         info["warmup_loss"] = info.pop("warmup_result")
-        results[name] = {**info, **_common.summarize(times[name], args.steps), "final_loss": losses[name],
-                         **procs.cpu_ms_per_step(name, args.steps)}
+        results[name] = {
+            **info,
+            **_common.summarize(times[name], args.steps),
+            "final_loss": losses[name],
+            **procs.cpu_ms_per_step(name, args.steps),
+        }
     base = results[BASELINE]
     for name in args.variants:
-        results[name]["time_ratio_vs_baseline"] = results[name]["time_s_median"] / base["time_s_median"]
-        results[name]["time_ratio_vs_baseline_paired"] = _common.ratio_spread(times[name], times[BASELINE])
+        results[name]["time_ratio_vs_baseline"] = (
+            results[name]["time_s_median"] / base["time_s_median"]
+        )
+        results[name]["time_ratio_vs_baseline_paired"] = _common.ratio_spread(
+            times[name], times[BASELINE]
+        )
 
     summary = {}
     if "trainer" in results:
         ratio = results["trainer"]["time_ratio_vs_baseline"]
         summary["trainer_over_handwritten_time"] = ratio
-        summary["trainer_over_handwritten_time_paired"] = results["trainer"]["time_ratio_vs_baseline_paired"]
+        summary["trainer_over_handwritten_time_paired"] = results["trainer"][
+            "time_ratio_vs_baseline_paired"
+        ]
         # Best-of ratio: the least disturbed repetition of each; robust when other jobs share the machine.
-        summary["trainer_over_handwritten_time_best"] = (results["trainer"]["time_s_min"]
-                                                         / results[BASELINE]["time_s_min"])
+        summary["trainer_over_handwritten_time_best"] = (
+            results["trainer"]["time_s_min"] / results[BASELINE]["time_s_min"]
+        )
         summary["trainer_over_handwritten_target_max"] = TARGET_TRAINER_OVER_HANDWRITTEN
         summary["trainer_over_handwritten_meets_target"] = ratio <= TARGET_TRAINER_OVER_HANDWRITTEN
         for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
             if fit in results:
-                summary[f"trainer_speedup_vs_{fit}"] = (results[fit]["time_s_median"]
-                                                        / results["trainer"]["time_s_median"])
-                summary[f"trainer_speedup_vs_{fit}_paired"] = _common.ratio_spread(times[fit], times["trainer"])
-                summary[f"trainer_speedup_vs_{fit}_best"] = (results[fit]["time_s_min"]
-                                                             / results["trainer"]["time_s_min"])
+                summary[f"trainer_speedup_vs_{fit}"] = (
+                    results[fit]["time_s_median"] / results["trainer"]["time_s_median"]
+                )
+                summary[f"trainer_speedup_vs_{fit}_paired"] = _common.ratio_spread(
+                    times[fit], times["trainer"]
+                )
+                summary[f"trainer_speedup_vs_{fit}_best"] = (
+                    results[fit]["time_s_min"] / results["trainer"]["time_s_min"]
+                )
         if "fit_default" in results:
             summary["trainer_speedup_vs_fit_default_target_min"] = TARGET_SPEEDUP_VS_FIT_DEFAULT
             summary["trainer_speedup_vs_fit_default_meets_target"] = (
-                summary["trainer_speedup_vs_fit_default"] >= TARGET_SPEEDUP_VS_FIT_DEFAULT)
+                summary["trainer_speedup_vs_fit_default"] >= TARGET_SPEEDUP_VS_FIT_DEFAULT
+            )
 
     isolation = None
     if ISOLATION_CHECK in times:
         alone, beside = times[BASELINE], times[ISOLATION_CHECK]
-        isolation = {**procs.info[ISOLATION_CHECK], **_common.summarize(beside, args.steps),
-                     **procs.cpu_ms_per_step(ISOLATION_CHECK, args.steps),
-                     "steps_per_s_ratio_vs_alone": statistics.median(alone) / statistics.median(beside),
-                     "steps_per_s_ratio_vs_alone_paired": _common.ratio_spread(alone, beside),
-                     "target_min": TARGET_ISOLATION}
+        isolation = {
+            **procs.info[ISOLATION_CHECK],
+            **_common.summarize(beside, args.steps),
+            **procs.cpu_ms_per_step(ISOLATION_CHECK, args.steps),
+            "steps_per_s_ratio_vs_alone": statistics.median(alone) / statistics.median(beside),
+            "steps_per_s_ratio_vs_alone_paired": _common.ratio_spread(alone, beside),
+            "target_min": TARGET_ISOLATION,
+        }
         isolation["meets_target"] = isolation["steps_per_s_ratio_vs_alone"] >= TARGET_ISOLATION
 
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.trainer_vs_baselines", *sys.argv[1:]]),
-        "config": {"steps": args.steps, "repeats": args.repeats, "warmup_steps": args.warmup_steps,
-                   "steps_per_loop": args.steps_per_loop, "batch_size": args.batch_size,
-                   "filters": list(args.filters), "dense_units": args.dense_units, "data": args.data,
-                   "data_examples": int(len(pool[1])), "strategy": "one_device", "seed": args.seed},
+        "config": {
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "warmup_steps": args.warmup_steps,
+            "steps_per_loop": args.steps_per_loop,
+            "batch_size": args.batch_size,
+            "filters": list(args.filters),
+            "dense_units": args.dense_units,
+            "data": args.data,
+            "data_examples": int(len(pool[1])),
+            "strategy": "one_device",
+            "seed": args.seed,
+        },
         "environment": _common.environment(),
         "baseline": BASELINE,
         "results": results,
         "summary": summary,
         "isolation": isolation,
-        "figures": figures(results, summary, times, args.repeats) + isolation_figures(isolation, args.repeats),
+        "figures": figures(results, summary, times, args.repeats)
+        + isolation_figures(isolation, args.repeats),
     }
     _common.publish(args.out, NAME, payload, format_report(payload))
     return payload
@@ -292,11 +377,20 @@ def figures(results: dict, summary: dict, times: dict, repeats: int) -> list[dic
     if "trainer" not in results:
         return out
     p = summary["trainer_over_handwritten_time_paired"]
-    out.append(_common.figure(
-        "Trainer one_device, overhead vs a hand-written tf.function loop", results["trainer"]["steps_per_s"],
-        "steps/s", baseline="hand-written tf.function loop", ratio=summary["trainer_over_handwritten_time"],
-        ratio_label="time ratio", repetitions=repeats, spread=[p["min"], p["max"]],
-        target=f"<= {TARGET_TRAINER_OVER_HANDWRITTEN}", meets_target=summary["trainer_over_handwritten_meets_target"]))
+    out.append(
+        _common.figure(
+            "Trainer one_device, overhead vs a hand-written tf.function loop",
+            results["trainer"]["steps_per_s"],
+            "steps/s",
+            baseline="hand-written tf.function loop",
+            ratio=summary["trainer_over_handwritten_time"],
+            ratio_label="time ratio",
+            repetitions=repeats,
+            spread=[p["min"], p["max"]],
+            target=f"<= {TARGET_TRAINER_OVER_HANDWRITTEN}",
+            meets_target=summary["trainer_over_handwritten_meets_target"],
+        )
+    )
     for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
         if fit not in results:
             continue
@@ -304,13 +398,26 @@ def figures(results: dict, summary: dict, times: dict, repeats: int) -> list[dic
         ratio = summary[f"trainer_speedup_vs_{fit}"]
         target, meets = None, None
         if fit == "fit_default":
-            target, meets = f">= {TARGET_SPEEDUP_VS_FIT_DEFAULT}", ratio >= TARGET_SPEEDUP_VS_FIT_DEFAULT
+            target, meets = (
+                f">= {TARGET_SPEEDUP_VS_FIT_DEFAULT}",
+                ratio >= TARGET_SPEEDUP_VS_FIT_DEFAULT,
+            )
         elif fit == "fit_spe100":
             target, meets = ">= 1.0", ratio >= 1.0
-        out.append(_common.figure(
-            f"Trainer one_device vs {results[fit]['description']}", results["trainer"]["steps_per_s"],
-            "steps/s", baseline=results[fit]["description"], ratio=ratio, ratio_label="speedup",
-            repetitions=repeats, spread=[p["min"], p["max"]], target=target, meets_target=meets))
+        out.append(
+            _common.figure(
+                f"Trainer one_device vs {results[fit]['description']}",
+                results["trainer"]["steps_per_s"],
+                "steps/s",
+                baseline=results[fit]["description"],
+                ratio=ratio,
+                ratio_label="speedup",
+                repetitions=repeats,
+                spread=[p["min"], p["max"]],
+                target=target,
+                meets_target=meets,
+            )
+        )
     return out
 
 
@@ -319,11 +426,20 @@ def isolation_figures(isolation: dict | None, repeats: int) -> list[dict]:
     if isolation is None:
         return []
     p = isolation["steps_per_s_ratio_vs_alone_paired"]
-    return [_common.figure(
-        "Isolation check: hand-written loop with the other variants built in its process",
-        isolation["steps_per_s"], "steps/s", baseline="hand-written loop alone in its process",
-        ratio=isolation["steps_per_s_ratio_vs_alone"], ratio_label="steps/s ratio", repetitions=repeats,
-        spread=[p["min"], p["max"]], target=f">= {TARGET_ISOLATION}", meets_target=isolation["meets_target"])]
+    return [
+        _common.figure(
+            "Isolation check: hand-written loop with the other variants built in its process",
+            isolation["steps_per_s"],
+            "steps/s",
+            baseline="hand-written loop alone in its process",
+            ratio=isolation["steps_per_s_ratio_vs_alone"],
+            ratio_label="steps/s ratio",
+            repetitions=repeats,
+            spread=[p["min"], p["max"]],
+            target=f">= {TARGET_ISOLATION}",
+            meets_target=isolation["meets_target"],
+        )
+    ]
 
 
 def format_report(payload: dict) -> str:
@@ -331,42 +447,73 @@ def format_report(payload: dict) -> str:
     cfg = payload["config"]
     rows = []
     for name, r in results.items():
-        rows.append([name, f"{r['steps_per_s']:.1f}", f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
-                     f"{r['time_s_median']:.3f}", f"{r['time_ratio_vs_baseline']:.3f}",
-                     f"{r['user_ms_per_step']:.2f}/{r['sys_ms_per_step']:.2f}", r["description"]])
-    lines = [f"one_device, each variant in its own process, {cfg['steps']} steps x {cfg['repeats']} repetitions "
-             f"(median, min..max), batch {cfg['batch_size']}, data {cfg['data']}; baseline: {base} "
-             f"(ratio = time / {base} time)",
-             _common.format_table(["variant", "steps/s", "steps/s min..max", "time s", f"ratio vs {base}",
-                                   "CPU ms/step user/sys", "what"], rows, left=(0, 6))]
+        rows.append(
+            [
+                name,
+                f"{r['steps_per_s']:.1f}",
+                f"{r['steps_per_s_min']:.1f}..{r['steps_per_s_max']:.1f}",
+                f"{r['time_s_median']:.3f}",
+                f"{r['time_ratio_vs_baseline']:.3f}",
+                f"{r['user_ms_per_step']:.2f}/{r['sys_ms_per_step']:.2f}",
+                r["description"],
+            ]
+        )
+    lines = [
+        f"one_device, each variant in its own process, {cfg['steps']} steps x {cfg['repeats']} repetitions "
+        f"(median, min..max), batch {cfg['batch_size']}, data {cfg['data']}; baseline: {base} "
+        f"(ratio = time / {base} time)",
+        _common.format_table(
+            [
+                "variant",
+                "steps/s",
+                "steps/s min..max",
+                "time s",
+                f"ratio vs {base}",
+                "CPU ms/step user/sys",
+                "what",
+            ],
+            rows,
+            left=(0, 6),
+        ),
+    ]
     s = payload["summary"]
     if "trainer_over_handwritten_time" in s:
         p = s["trainer_over_handwritten_time_paired"]
-        lines.append(f"trainer / handwritten time: {s['trainer_over_handwritten_time']:.3f} "
-                     f"(paired per round {p['min']:.3f}..{p['max']:.3f}, best-of {s['trainer_over_handwritten_time_best']:.3f}); "
-                     f"target <= "
-                     f"{s['trainer_over_handwritten_target_max']}: "
-                     f"{'met' if s['trainer_over_handwritten_meets_target'] else 'NOT met'}")
+        lines.append(
+            f"trainer / handwritten time: {s['trainer_over_handwritten_time']:.3f} "
+            f"(paired per round {p['min']:.3f}..{p['max']:.3f}, best-of {s['trainer_over_handwritten_time_best']:.3f}); "
+            f"target <= "
+            f"{s['trainer_over_handwritten_target_max']}: "
+            f"{'met' if s['trainer_over_handwritten_meets_target'] else 'NOT met'}"
+        )
     for fit in ("fit_default", "fit_spe100", "fit_default_nojit", "fit_spe100_nojit"):
         key = f"trainer_speedup_vs_{fit}"
         if key in s:
             p = s[f"{key}_paired"]
-            line = (f"trainer speedup vs {fit}: {s[key]:.2f}x (paired per round {p['min']:.2f}..{p['max']:.2f}, "
-                    f"best-of {s[key + '_best']:.2f}x)")
+            line = (
+                f"trainer speedup vs {fit}: {s[key]:.2f}x (paired per round {p['min']:.2f}..{p['max']:.2f}, "
+                f"best-of {s[key + '_best']:.2f}x)"
+            )
             if fit == "fit_default":
-                line += (f"; target >= {s['trainer_speedup_vs_fit_default_target_min']}x: "
-                         f"{'met' if s['trainer_speedup_vs_fit_default_meets_target'] else 'NOT met'}")
+                line += (
+                    f"; target >= {s['trainer_speedup_vs_fit_default_target_min']}x: "
+                    f"{'met' if s['trainer_speedup_vs_fit_default_meets_target'] else 'NOT met'}"
+                )
             lines.append(line)
     iso = payload.get("isolation")
     if iso:
         p = iso["steps_per_s_ratio_vs_alone_paired"]
-        lines.append(f"isolation check: {base} with the other variants in its process runs "
-                     f"{iso['steps_per_s_ratio_vs_alone']:.3f}x its steps/s alone (paired per round "
-                     f"{p['min']:.3f}..{p['max']:.3f}); target >= {iso['target_min']}: "
-                     f"{'met' if iso['meets_target'] else 'NOT met (variants in one process disturb each other)'}")
+        lines.append(
+            f"isolation check: {base} with the other variants in its process runs "
+            f"{iso['steps_per_s_ratio_vs_alone']:.3f}x its steps/s alone (paired per round "
+            f"{p['min']:.3f}..{p['max']:.3f}); target >= {iso['target_min']}: "
+            f"{'met' if iso['meets_target'] else 'NOT met (variants in one process disturb each other)'}"
+        )
     for name, r in results.items():
         if "jit_compile" in r:
-            lines.append(f"  ({name}: jit_compile={r['jit_compile']}, steps_per_execution={r['steps_per_execution']})")
+            lines.append(
+                f"  ({name}: jit_compile={r['jit_compile']}, steps_per_execution={r['steps_per_execution']})"
+            )
     return "\n".join(lines)
 
 

@@ -10,21 +10,50 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: What _common.summarize puts in every timed result.
-STATS_KEYS = {"steps", "repetitions", "times_s", "time_s_median", "time_s_min", "time_s_max",
-              "steps_per_s", "steps_per_s_min", "steps_per_s_max"}
+STATS_KEYS = {
+    "steps",
+    "repetitions",
+    "times_s",
+    "time_s_median",
+    "time_s_min",
+    "time_s_max",
+    "steps_per_s",
+    "steps_per_s_min",
+    "steps_per_s_max",
+}
 #: What _common.figure puts in every headline figure.
-FIGURE_KEYS = {"figure", "value", "unit", "baseline", "ratio", "ratio_label", "repetitions", "spread", "target",
-               "meets_target"}
+FIGURE_KEYS = {
+    "figure",
+    "value",
+    "unit",
+    "baseline",
+    "ratio",
+    "ratio_label",
+    "repetitions",
+    "spread",
+    "target",
+    "meets_target",
+}
 
 
-def run_benchmark(module: str, out: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_benchmark(
+    module: str, out: str, *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess:
     """`python -m <module> --out=<out> <args>` from the repo, output captured; the caller checks the exit code."""
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    return subprocess.run([sys.executable, "-m", module, f"--out={out}", *args], check=False, cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, f"--out={out}", *args],
+        check=False,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def run_smoke(module: str, out: str, *args: str, timeout: float = 240) -> str:
@@ -44,7 +73,7 @@ def check_figures(payload: dict, at_least: int = 1) -> list[dict]:
     figures = payload["figures"]
     assert len(figures) >= at_least, figures
     for f in figures:
-        assert FIGURE_KEYS <= set(f), f
+        assert set(f) >= FIGURE_KEYS, f
         assert f["baseline"] and f["repetitions"] >= 1 and f["value"] > 0, f
         if f["spread"] is not None:
             assert len(f["spread"]) == 2 and f["spread"][0] <= f["spread"][1], f

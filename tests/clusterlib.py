@@ -50,11 +50,23 @@ def launch_cmd(launch_args: Sequence[str], train_args: Sequence[str]) -> list[st
     return [PYTHON, "-m", "tfdist_trainer.launch", *launch_args, "--", *train_args]
 
 
-def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 300,
-        cwd: str | None = None) -> subprocess.CompletedProcess:
+def run(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess:
     """Runs a command to completion in its own process group; kills the group on timeout."""
-    proc = subprocess.Popen(list(cmd), env=dict(env or base_env()), cwd=cwd or REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        list(cmd),
+        env=dict(env or base_env()),
+        cwd=cwd or REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -65,12 +77,17 @@ def run(cmd: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: fl
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} did not finish within {timeout}s; output:\n{out[-5000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} did not finish within {timeout}s; output:\n{out[-5000:]}"
+        ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
 def pick_cluster(layout: Mapping[str, int]) -> dict[str, list[str]]:
-    return {t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)] for t, n in layout.items()}
+    return {
+        t: [f"127.0.0.1:{portpicker.pick_unused_port()}" for _ in range(n)]
+        for t, n in layout.items()
+    }
 
 
 def tf_config(cluster: Mapping[str, list[str]], task_type: str, index: int) -> str:
@@ -80,8 +97,14 @@ def tf_config(cluster: Mapping[str, list[str]], task_type: str, index: int) -> s
 class HandCluster:
     """Starts one tfdist-train process per task, each with its own TF_CONFIG, as a user would by hand."""
 
-    def __init__(self, cluster: Mapping[str, list[str]], train_args: Sequence[str], log_dir: str,
-                 per_task_args: Mapping[str, Sequence[str]] | None = None, use_flags: bool = False):
+    def __init__(
+        self,
+        cluster: Mapping[str, list[str]],
+        train_args: Sequence[str],
+        log_dir: str,
+        per_task_args: Mapping[str, Sequence[str]] | None = None,
+        use_flags: bool = False,
+    ):
         self.cluster = cluster
         self.train_args = list(train_args)
         self.log_dir = log_dir
@@ -94,8 +117,12 @@ class HandCluster:
         args = list(self.train_args) + list(self.per_task_args.get(task_type, ()))
         if self.use_flags:
             args += [f"--job_name={task_type}", f"--task_index={index}"]
-            for t, flag in (("ps", "ps_hosts"), ("worker", "worker_hosts"), ("chief", "chief_host"),
-                            ("evaluator", "evaluator_host")):
+            for t, flag in (
+                ("ps", "ps_hosts"),
+                ("worker", "worker_hosts"),
+                ("chief", "chief_host"),
+                ("evaluator", "evaluator_host"),
+            ):
                 if t in self.cluster:
                     args.append(f"--{flag}={','.join(self.cluster[t])}")
         else:
@@ -104,9 +131,15 @@ class HandCluster:
 
     def start(self, task_type: str, index: int) -> subprocess.Popen:
         args, env = self._args_for(task_type, index)
-        log = open(os.path.join(self.log_dir, f"{task_type}-{index}.log"), "w")
-        proc = subprocess.Popen(train_cmd(*args), env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        log = open(os.path.join(self.log_dir, f"{task_type}-{index}.log"), "w")  # noqa: SIM115 (lives as long as the task)
+        proc = subprocess.Popen(
+            train_cmd(*args),
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs[f"{task_type}:{index}"] = proc
         return proc
 
@@ -119,7 +152,9 @@ class HandCluster:
         try:
             return self.procs[role].wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{role} did not finish within {timeout}s:\n{self.log(role)[-5000:]}")
+            raise AssertionError(
+                f"{role} did not finish within {timeout}s:\n{self.log(role)[-5000:]}"
+            ) from None
 
     def wait_all(self, timeout: float = 300) -> dict[str, int]:
         deadline = time.monotonic() + timeout
@@ -187,9 +222,16 @@ class BackgroundJob:
     def __init__(self, cmd: Sequence[str], out_path: str, env: Mapping[str, str] | None = None):
         self.cmd = list(cmd)
         self.out_path = out_path
-        self._out = open(out_path, "a")
-        self.proc = subprocess.Popen(self.cmd, env=dict(env) if env else base_env(), cwd=REPO, stdout=self._out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._out = open(out_path, "a")  # noqa: SIM115 (closed when the job ends)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            env=dict(env) if env else base_env(),
+            cwd=REPO,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def output(self) -> str:
         with open(self.out_path, errors="replace") as f:
@@ -201,7 +243,9 @@ class BackgroundJob:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill_group()
-            raise AssertionError(f"{' '.join(self.cmd)} did not finish within {timeout}s:\n{self.output()[-6000:]}")
+            raise AssertionError(
+                f"{' '.join(self.cmd)} did not finish within {timeout}s:\n{self.output()[-6000:]}"
+            ) from None
 
     def kill_group(self) -> None:
         """SIGKILL to the whole session (the launcher and every task it started)."""
@@ -231,11 +275,15 @@ class BackgroundJob:
             if value:
                 return value
             if self.proc.poll() is not None:
-                raise AssertionError(f"the job exited ({self.proc.returncode}) before {what}:\n"
-                                     f"{self.output()[-6000:]}")
+                raise AssertionError(
+                    f"the job exited ({self.proc.returncode}) before {what}:\n"
+                    f"{self.output()[-6000:]}"
+                )
             time.sleep(poll_s)
         self.kill_group()
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.output()[-6000:]}")
+        raise AssertionError(
+            f"timed out after {timeout}s waiting for {what}:\n{self.output()[-6000:]}"
+        )
 
 
 def no_process_left(marker: str) -> list[str]:

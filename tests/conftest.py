@@ -16,4 +16,5 @@ def _no_leftover_processes(tmp_path):
     assertion), so one failure does not slow the rest of the suite; the tests report them first."""
     yield
     import clusterlib
+
     clusterlib.kill_processes_of(f"{tmp_path}{os.sep}")

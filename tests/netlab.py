@@ -51,16 +51,20 @@ class VirtualLan:
     def exec_prefix(self, host: str) -> list[str]:
         return self.namespaces[host].exec_prefix()
 
-    def create(self) -> "VirtualLan":
+    def create(self) -> VirtualLan:
         try:
             self.switch.create()
             self.switch.ip("link", "add", "br0", "type", "bridge")
             # No spanning tree and no forwarding delay: ports forward as soon as they are up.
-            self.switch.ip("link", "set", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0")
+            self.switch.ip(
+                "link", "set", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"
+            )
             self.switch.ip("link", "set", "br0", "up")
             for i, host in enumerate(self.hosts):
                 ns = self.namespaces[host].create()
-                self.switch.ip("link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns.name)
+                self.switch.ip(
+                    "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns.name
+                )
                 self.switch.ip("link", "set", f"v{i}", "master", "br0")
                 self.switch.ip("link", "set", f"v{i}", "up")
                 ns.ip("addr", "add", f"{self.address(host)}/24", "dev", "eth0")
@@ -83,7 +87,7 @@ class VirtualLan:
             with contextlib.suppress(NetnsError, OSError, subprocess.SubprocessError):
                 ns.delete()
 
-    def __enter__(self) -> "VirtualLan":
+    def __enter__(self) -> VirtualLan:
         return self.create()
 
     def __exit__(self, *exc) -> None:
@@ -95,7 +99,7 @@ def connect(host: str, port: int, timeout: float = 2.0) -> int:
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return 0
-    except socket.timeout:
+    except TimeoutError:
         return errno.ETIMEDOUT
     except OSError as e:
         return e.errno or -1

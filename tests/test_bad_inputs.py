@@ -38,8 +38,16 @@ def model_dir(tmp_path) -> str:
     return str(tmp_path / f"model-{uuid.uuid4().hex[:8]}")
 
 
-def _check(output: str, returncode: int, marker: str, words: list[str], *, role: str | None = None,
-           code: int = EXIT_CONFIG, model_dir: str | None = None) -> str:
+def _check(
+    output: str,
+    returncode: int,
+    marker: str,
+    words: list[str],
+    *,
+    role: str | None = None,
+    code: int = EXIT_CONFIG,
+    model_dir: str | None = None,
+) -> str:
     """Asserts one error sentence containing `words`, exit `code`, no traceback and nothing left behind."""
     errors = [m for m in map(_ERROR_LINE.match, output.splitlines()) if m]
     assert returncode == code, f"exit code {returncode}, expected {code}; output:\n{output[-4000:]}"
@@ -57,12 +65,16 @@ def _check(output: str, returncode: int, marker: str, words: list[str], *, role:
     return message
 
 
-def _train(*args: str, tf_config_text: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def _train(
+    *args: str, tf_config_text: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     extra = {"TF_CONFIG": tf_config_text} if tf_config_text is not None else {}
     return run(train_cmd(*args), env=base_env(extra), timeout=timeout)
 
 
-def _launch(launch_args: list[str], train_args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+def _launch(
+    launch_args: list[str], train_args: list[str], timeout: float = 120
+) -> subprocess.CompletedProcess:
     return run(launch_cmd(launch_args, train_args), env=base_env(), timeout=timeout)
 
 
@@ -72,36 +84,71 @@ def _mnist(strategy: str, model_dir: str, *extra: str) -> list[str]:
 
 # -- the cluster description (fails before TensorFlow is imported) -------------------
 
+
 def test_tf_config_not_json(model_dir):
-    r = _train(*_mnist("multi_worker_mirrored", model_dir), tf_config_text='{"cluster": {"worker": ["h:1"]')
+    r = _train(
+        *_mnist("multi_worker_mirrored", model_dir), tf_config_text='{"cluster": {"worker": ["h:1"]'
+    )
     _check(r.stdout, r.returncode, model_dir, ["TF_CONFIG", "not valid JSON"], model_dir=model_dir)
 
 
 def test_task_type_missing_from_cluster(model_dir):
     cluster = pick_cluster({"worker": 2})
-    r = _train(*_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "ps", 0))
-    _check(r.stdout, r.returncode, model_dir, ["TF_CONFIG", "'ps' is not in the cluster", "which has worker"],
-           model_dir=model_dir)
+    r = _train(
+        *_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "ps", 0)
+    )
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["TF_CONFIG", "'ps' is not in the cluster", "which has worker"],
+        model_dir=model_dir,
+    )
 
 
 def test_task_index_out_of_range(model_dir):
     cluster = pick_cluster({"worker": 2})
-    r = _train(*_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "worker", 2))
-    _check(r.stdout, r.returncode, model_dir, ["task index 2", "out of range", "'worker'", "valid: 0..1"],
-           model_dir=model_dir)
+    r = _train(
+        *_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "worker", 2)
+    )
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["task index 2", "out of range", "'worker'", "valid: 0..1"],
+        model_dir=model_dir,
+    )
 
 
 def test_job_name_with_task_index_out_of_range(model_dir):
     cluster = pick_cluster({"worker": 2, "ps": 1})
-    r = _train(*_mnist("parameter_server", model_dir), "--job_name=ps", "--task_index=1",
-               f"--worker_hosts={','.join(cluster['worker'])}", f"--ps_hosts={cluster['ps'][0]}")
-    _check(r.stdout, r.returncode, model_dir, ["cluster flags", "task index 1", "out of range", "'ps'"],
-           model_dir=model_dir)
+    r = _train(
+        *_mnist("parameter_server", model_dir),
+        "--job_name=ps",
+        "--task_index=1",
+        f"--worker_hosts={','.join(cluster['worker'])}",
+        f"--ps_hosts={cluster['ps'][0]}",
+    )
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["cluster flags", "task index 1", "out of range", "'ps'"],
+        model_dir=model_dir,
+    )
 
 
 def test_hosts_without_job_name(model_dir):
-    r = _train(*_mnist("multi_worker_mirrored", model_dir), "--worker_hosts=127.0.0.1:2222,127.0.0.1:2223")
-    _check(r.stdout, r.returncode, model_dir, ["--job_name is not", "add --job_name"], model_dir=model_dir)
+    r = _train(
+        *_mnist("multi_worker_mirrored", model_dir), "--worker_hosts=127.0.0.1:2222,127.0.0.1:2223"
+    )
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["--job_name is not", "add --job_name"],
+        model_dir=model_dir,
+    )
 
 
 def test_missing_model_dir():
@@ -118,11 +165,14 @@ def test_model_dir_is_a_file(tmp_path):
     assert path.read_text() == "precious"
 
 
-@pytest.mark.parametrize("command, words", [
-    ("train", ["Unknown command line flag 'modle_dir'", "model_dir"]),
-    ("launch", ["Unknown command line flag 'num_worker'", "num_workers"]),
-    ("bad_value", ["--task_index=two", "invalid literal"]),
-])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        ("train", ["Unknown command line flag 'modle_dir'", "model_dir"]),
+        ("launch", ["Unknown command line flag 'num_worker'", "num_workers"]),
+        ("bad_value", ["--task_index=two", "invalid literal"]),
+    ],
+)
 def test_bad_flag(model_dir, command, words):
     if command == "train":
         r = _train(*FAST_MNIST, f"--modle_dir={model_dir}")
@@ -135,32 +185,66 @@ def test_bad_flag(model_dir, command, words):
 
 def test_launch_negative_num_workers(model_dir):
     r = _launch(["--num_workers=-1"], _mnist("parameter_server", model_dir))
-    _check(r.stdout, r.returncode, model_dir, ["--num_workers", ">= 0"], role="launch", model_dir=model_dir)
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["--num_workers", ">= 0"],
+        role="launch",
+        model_dir=model_dir,
+    )
 
 
 def test_missing_gin_file(model_dir):
     missing = os.path.join(os.path.dirname(model_dir), "no-such.gin")
     r = _train(*_mnist("one_device", model_dir), f"--gin_file={missing}")
-    _check(r.stdout, r.returncode, model_dir, [f"gin file {missing} does not exist", "--gin_file"],
-           model_dir=model_dir)
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        [f"gin file {missing} does not exist", "--gin_file"],
+        model_dir=model_dir,
+    )
 
 
 # -- the gin configuration and modules (fail after TensorFlow is imported) --------------
 
-@pytest.mark.parametrize("binding, words", [
-    ("train.trian_steps=5", ["bad gin configuration", "'train'", "'trian_steps'", "train.trian_steps=5"]),
-    ("NoSuchTrainer.learning_rate=0.1", ["bad gin configuration", "No configurable matching 'NoSuchTrainer'"]),
-])
+
+@pytest.mark.parametrize(
+    "binding, words",
+    [
+        (
+            "train.trian_steps=5",
+            ["bad gin configuration", "'train'", "'trian_steps'", "train.trian_steps=5"],
+        ),
+        (
+            "NoSuchTrainer.learning_rate=0.1",
+            ["bad gin configuration", "No configurable matching 'NoSuchTrainer'"],
+        ),
+    ],
+)
 def test_unknown_gin_binding(model_dir, binding, words):
     r = _train(*_mnist("one_device", model_dir), f"--gin_bindings={binding}")
     _check(r.stdout, r.returncode, model_dir, words, model_dir=model_dir)
 
 
-@pytest.mark.parametrize("binding, words", [
-    ("parameter_server.stall_timeout_s=-5", ["parameter_server.stall_timeout_s must be a number of seconds >= 0",
-                                             "0: no watchdog", "-5"]),
-    ("parameter_server.steps_per_loop=0", ["parameter_server.steps_per_loop must be an integer >= 1", "got 0"]),
-])
+@pytest.mark.parametrize(
+    "binding, words",
+    [
+        (
+            "parameter_server.stall_timeout_s=-5",
+            [
+                "parameter_server.stall_timeout_s must be a number of seconds >= 0",
+                "0: no watchdog",
+                "-5",
+            ],
+        ),
+        (
+            "parameter_server.steps_per_loop=0",
+            ["parameter_server.steps_per_loop must be an integer >= 1", "got 0"],
+        ),
+    ],
+)
 def test_bad_parameter_server_setting(model_dir, binding, words):
     r = _launch([], [*_mnist("parameter_server", model_dir), f"--gin_bindings={binding}"])
     _check(r.stdout, r.returncode, model_dir, words, role="launch", model_dir=model_dir)
@@ -170,43 +254,84 @@ def test_gin_file_with_a_syntax_error(model_dir, tmp_path):
     broken = tmp_path / "broken.gin"
     broken.write_text("train.train_steps = (10,\n")
     r = _train(*_mnist("one_device", model_dir), f"--gin_file={broken}")
-    _check(r.stdout, r.returncode, model_dir, ["bad gin configuration", "unclosed bracket"], model_dir=model_dir)
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["bad gin configuration", "unclosed bracket"],
+        model_dir=model_dir,
+    )
 
 
 def test_trainer_cls_unset(model_dir):
     r = _train(strategy_gin("one_device"), f"--model_dir={model_dir}")
-    _check(r.stdout, r.returncode, model_dir, ["train.trainer_cls is not set", "@MyTrainer"], model_dir=model_dir)
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["train.trainer_cls is not set", "@MyTrainer"],
+        model_dir=model_dir,
+    )
 
 
 def test_bad_module(model_dir):
     r = _train(*_mnist("one_device", model_dir), "--module=no_such_user_module")
-    _check(r.stdout, r.returncode, model_dir, ["--module no_such_user_module", "could not be imported"],
-           model_dir=model_dir)
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["--module no_such_user_module", "could not be imported"],
+        model_dir=model_dir,
+    )
 
 
 # -- strategy versus cluster -----------------------------------------------------------
 
+
 def test_parameter_server_without_ps_by_hand(model_dir):
     cluster = pick_cluster({"chief": 1, "worker": 2})
-    r = _train(*_mnist("parameter_server", model_dir), tf_config_text=tf_config(cluster, "chief", 0))
-    _check(r.stdout, r.returncode, model_dir, ["parameter_server needs at least one ps task", "add ps tasks"],
-           role="chief:0", model_dir=model_dir)
+    r = _train(
+        *_mnist("parameter_server", model_dir), tf_config_text=tf_config(cluster, "chief", 0)
+    )
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["parameter_server needs at least one ps task", "add ps tasks"],
+        role="chief:0",
+        model_dir=model_dir,
+    )
 
 
 def test_parameter_server_without_ps_via_launcher(model_dir):
     r = _launch(["--num_ps=0"], _mnist("parameter_server", model_dir))
-    _check(r.stdout, r.returncode, model_dir, ["parameter_server needs at least one ps task", "--num_ps"],
-           role="launch", model_dir=model_dir)
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["parameter_server needs at least one ps task", "--num_ps"],
+        role="launch",
+        model_dir=model_dir,
+    )
 
 
 def test_multi_worker_mirrored_with_a_ps_job(model_dir):
     cluster = pick_cluster({"worker": 2, "ps": 1})
-    r = _train(*_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "worker", 0))
-    _check(r.stdout, r.returncode, model_dir, ["multi_worker_mirrored", "ps job", "remove the ps tasks"],
-           role="worker:0", model_dir=model_dir)
+    r = _train(
+        *_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "worker", 0)
+    )
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["multi_worker_mirrored", "ps job", "remove the ps tasks"],
+        role="worker:0",
+        model_dir=model_dir,
+    )
 
 
 # -- the network --------------------------------------------------------------------------
+
 
 def test_port_already_in_use(model_dir):
     cluster = pick_cluster({"chief": 1, "worker": 1, "ps": 1})
@@ -214,47 +339,74 @@ def test_port_already_in_use(model_dir):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
         squatter.bind(("127.0.0.1", port))
         squatter.listen(1)
-        r = _train(*_mnist("parameter_server", model_dir), tf_config_text=tf_config(cluster, "ps", 0))
-    _check(r.stdout, r.returncode, model_dir, [f"port {port}", "ps:0", "already in use"], role="ps:0",
-           model_dir=model_dir)
+        r = _train(
+            *_mnist("parameter_server", model_dir), tf_config_text=tf_config(cluster, "ps", 0)
+        )
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        [f"port {port}", "ps:0", "already in use"],
+        role="ps:0",
+        model_dir=model_dir,
+    )
 
 
 @pytest.mark.cluster
 def test_parameter_server_chief_whose_peers_never_start(model_dir, tmp_path):
     cluster = pick_cluster({"chief": 1, "worker": 2, "ps": 1})
-    hand = HandCluster(cluster, _mnist("parameter_server", model_dir, "--startup_timeout_s=3"), str(tmp_path))
+    hand = HandCluster(
+        cluster, _mnist("parameter_server", model_dir, "--startup_timeout_s=3"), str(tmp_path)
+    )
     try:
         hand.start("chief", 0)
         code = hand.wait("chief:0", timeout=120)
     finally:
         hand.kill_all()
-    missing = [f"worker:0 at {cluster['worker'][0]}", f"worker:1 at {cluster['worker'][1]}",
-               f"ps:0 at {cluster['ps'][0]}"]
-    message = _check(hand.log("chief:0"), code, model_dir, [*missing, "never answered within 3s", "start those tasks"],
-                     role="chief:0", model_dir=model_dir)
+    missing = [
+        f"worker:0 at {cluster['worker'][0]}",
+        f"worker:1 at {cluster['worker'][1]}",
+        f"ps:0 at {cluster['ps'][0]}",
+    ]
+    message = _check(
+        hand.log("chief:0"),
+        code,
+        model_dir,
+        [*missing, "never answered within 3s", "start those tasks"],
+        role="chief:0",
+        model_dir=model_dir,
+    )
     assert "chief:0 at" not in message
 
 
 @pytest.mark.cluster
 def test_multi_worker_mirrored_worker_whose_peer_never_starts(model_dir, tmp_path):
     cluster = pick_cluster({"worker": 2})
-    hand = HandCluster(cluster, _mnist("multi_worker_mirrored", model_dir, "--startup_timeout_s=3"), str(tmp_path))
+    hand = HandCluster(
+        cluster, _mnist("multi_worker_mirrored", model_dir, "--startup_timeout_s=3"), str(tmp_path)
+    )
     try:
         hand.start("worker", 0)
         code = hand.wait("worker:0", timeout=120)
     finally:
         hand.kill_all()
-    _check(hand.log("worker:0"), code, model_dir,
-           [f"worker:1 at {cluster['worker'][1]}", "never answered within 3s", "start that task"],
-           role="worker:0", model_dir=model_dir)
+    _check(
+        hand.log("worker:0"),
+        code,
+        model_dir,
+        [f"worker:1 at {cluster['worker'][1]}", "never answered within 3s", "start that task"],
+        role="worker:0",
+        model_dir=model_dir,
+    )
     # worker:0 held its own port while it waited; it must be free again.
     from tfdist_trainer.cluster import port_is_free
+
     assert port_is_free(int(cluster["worker"][0].rsplit(":", 1)[1]))
 
 
 # -- a bug in the user's own code ------------------------------------------------------------
 
-BUGGY_MODULE = '''
+BUGGY_MODULE = """
 import gin
 from recipes.mnist.trainer import MnistTrainer
 
@@ -263,15 +415,22 @@ from recipes.mnist.trainer import MnistTrainer
 class BuggyTrainer(MnistTrainer):
     def build_model(self):
         raise ValueError("boom in the user's build_model")
-'''
+"""
 
 
 def test_a_bug_in_user_code_keeps_its_traceback(model_dir, tmp_path):
     """Not one of the package's own errors: the user needs the traceback into their code, not one line."""
     (tmp_path / "buggy_trainer.py").write_text(BUGGY_MODULE)
     env = base_env({"PYTHONPATH": os.pathsep.join([str(tmp_path), base_env()["PYTHONPATH"]])})
-    r = run(train_cmd(*_mnist("one_device", model_dir), "--module=buggy_trainer",
-                      "--gin_bindings=train.trainer_cls=@BuggyTrainer"), env=env, timeout=120)
+    r = run(
+        train_cmd(
+            *_mnist("one_device", model_dir),
+            "--module=buggy_trainer",
+            "--gin_bindings=train.trainer_cls=@BuggyTrainer",
+        ),
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stdout[-4000:]
     assert "Traceback (most recent call last)" in r.stdout, r.stdout[-4000:]
     assert 'buggy_trainer.py", line 9, in build_model' in r.stdout, r.stdout[-4000:]

@@ -11,7 +11,6 @@ import os
 import subprocess
 
 import pytest
-
 from benchlib import load, run_benchmark
 
 NAME = "mnist_time_to_accuracy"
@@ -30,19 +29,38 @@ def test_time_to_accuracy_smoke(tmp_path):
 
     payload = load(out, NAME)
     assert payload["benchmark"] == NAME and payload["smoke"] is True
-    assert {"command", "config", "dataset", "environment", "baseline", "results", "speedups",
-            "trajectories", "figures"} <= set(payload)
+    assert {
+        "command",
+        "config",
+        "dataset",
+        "environment",
+        "baseline",
+        "results",
+        "speedups",
+        "trajectories",
+        "figures",
+    } <= set(payload)
     assert payload["dataset"]["is_mnist"] is False and "not MNIST" in payload["dataset"]["label"]
     assert payload["dataset"]["test_examples"] == 359
     cfg = payload["config"]
     every, target = cfg["eval_every"], cfg["target_accuracy"]
-    assert payload["baseline"] == "fit_default" and set(payload["results"]) == {"trainer", "fit_default"}
+    assert payload["baseline"] == "fit_default" and set(payload["results"]) == {
+        "trainer",
+        "fit_default",
+    }
 
     for name, result in payload["results"].items():
         assert result["repetitions"] == cfg["repeats"] == 1
         assert result["reached_in"] == 1, (name, result["best_accuracy_per_seed"])
-        assert {"train_s_to_target", "wall_s_to_target", "cpu_s_to_target", "first_segment_train_s", "eval_s_per_pass",
-                "steps_to_target_per_seed", "description"} <= set(result), name
+        assert {
+            "train_s_to_target",
+            "wall_s_to_target",
+            "cpu_s_to_target",
+            "first_segment_train_s",
+            "eval_s_per_pass",
+            "steps_to_target_per_seed",
+            "description",
+        } <= set(result), name
         for run in result["runs"]:
             steps = [step for step, _ in run["evals"]]
             # One evaluation per interval, at every multiple of eval_every, and none after the target.
@@ -60,8 +78,18 @@ def test_time_to_accuracy_smoke(tmp_path):
     figures = payload["figures"]
     assert len(figures) == 2
     for fig in figures:
-        assert {"figure", "value", "unit", "baseline", "ratio", "ratio_label", "repetitions", "spread",
-                "target", "meets_target"} <= set(fig)
+        assert {
+            "figure",
+            "value",
+            "unit",
+            "baseline",
+            "ratio",
+            "ratio_label",
+            "repetitions",
+            "spread",
+            "target",
+            "meets_target",
+        } <= set(fig)
         assert "NOT MNIST" in fig["figure"] and fig["unit"] == "s" and fig["value"] > 0
         assert fig["ratio"] > 0 and len(fig["spread"]) == 2 and fig["repetitions"] == 1
         assert "fit" in fig["baseline"]
@@ -70,8 +98,13 @@ def test_time_to_accuracy_smoke(tmp_path):
 @pytest.mark.timeout(120)
 def test_time_to_accuracy_bad_args(tmp_path):
     out = str(tmp_path / "bench")
-    for args in (["--target_accuracy=1.5"], ["--eval_every=0"], ["--max_steps=10", "--eval_every=50"],
-                 ["--data_source=idx"], ["--filters=4"]):
+    for args in (
+        ["--target_accuracy=1.5"],
+        ["--eval_every=0"],
+        ["--max_steps=10", "--eval_every=50"],
+        ["--data_source=idx"],
+        ["--filters=4"],
+    ):
         proc = _run(out, *args, timeout=60)
         assert proc.returncode == 2 and "error:" in proc.stdout, (args, proc.stdout[-2000:])
     assert not os.path.exists(out)
@@ -79,12 +112,24 @@ def test_time_to_accuracy_bad_args(tmp_path):
 
 def _fake_run(seed, reached, step=None, train_s=None):
     evals = [[50, 0.9], [100, 0.98]] if reached else [[50, 0.9], [100, 0.95]]
-    return {"seed": seed, "reached": reached, "steps_to_target": step, "accuracy_at_target": 0.98 if reached else None,
-            "train_s_to_target": train_s, "wall_s_to_target": train_s and train_s + 0.5,
-            "cpu_s_to_target": train_s and train_s * 1.5,
-            "first_segment_train_s": 1.0, "steps_run": 100, "train_s_total": 2.0, "eval_s_total": 0.4,
-            "wall_s_total": 2.4, "best_accuracy": max(a for _, a in evals), "target_accuracy": 0.97,
-            "evals": evals, "setup_s": 0.1}
+    return {
+        "seed": seed,
+        "reached": reached,
+        "steps_to_target": step,
+        "accuracy_at_target": 0.98 if reached else None,
+        "train_s_to_target": train_s,
+        "wall_s_to_target": train_s and train_s + 0.5,
+        "cpu_s_to_target": train_s and train_s * 1.5,
+        "first_segment_train_s": 1.0,
+        "steps_run": 100,
+        "train_s_total": 2.0,
+        "eval_s_total": 0.4,
+        "wall_s_total": 2.4,
+        "best_accuracy": max(a for _, a in evals),
+        "target_accuracy": 0.97,
+        "evals": evals,
+        "setup_s": 0.1,
+    }
 
 
 def test_time_to_accuracy_not_reached_is_reported_honestly():
@@ -92,15 +137,32 @@ def test_time_to_accuracy_not_reached_is_reported_honestly():
     from benchmarks import mnist_time_to_accuracy as bench
 
     args = bench.parse_args(["--repeats=2", "--max_steps=100", "--data_source=digits"])
-    runs = {"trainer": [_fake_run(0, True, 100, 2.0), _fake_run(1, False)],
-            "fit_default": [_fake_run(0, True, 100, 3.0), _fake_run(1, True, 100, 3.5)]}
+    runs = {
+        "trainer": [_fake_run(0, True, 100, 2.0), _fake_run(1, False)],
+        "fit_default": [_fake_run(0, True, 100, 3.0), _fake_run(1, True, 100, 3.5)],
+    }
     results = {name: bench.summarize_variant(name, runs[name], args) for name in bench.VARIANTS}
-    payload = {"config": {"target_accuracy": 0.97, "eval_every": 50, "max_steps": 100, "repeats": 2,
-                          "seeds": [0, 1], "batch_size": 64},
-               "dataset": {"label": "OFFLINE FALLBACK (not MNIST)", "short_name": "offline digits fallback (NOT MNIST)",
-                           "is_mnist": False, "train_examples": 1438, "test_examples": 359},
-               "environment": {"cpu_count": 2, "gpus": []}, "baseline": "fit_default", "results": results,
-               "speedups": {k: bench.paired_speedups(results, k) for k in bench.SPEEDUP_KEYS}}
+    payload = {
+        "config": {
+            "target_accuracy": 0.97,
+            "eval_every": 50,
+            "max_steps": 100,
+            "repeats": 2,
+            "seeds": [0, 1],
+            "batch_size": 64,
+        },
+        "dataset": {
+            "label": "OFFLINE FALLBACK (not MNIST)",
+            "short_name": "offline digits fallback (NOT MNIST)",
+            "is_mnist": False,
+            "train_examples": 1438,
+            "test_examples": 359,
+        },
+        "environment": {"cpu_count": 2, "gpus": []},
+        "baseline": "fit_default",
+        "results": results,
+        "speedups": {k: bench.paired_speedups(results, k) for k in bench.SPEEDUP_KEYS},
+    }
     payload["trajectories"] = bench.compare_trajectories(results)
     assert payload["speedups"]["train_s_to_target"]["pairs"] == 1
     assert payload["speedups"]["train_s_to_target"]["median"] == 1.5

@@ -10,15 +10,18 @@ import os
 import socket
 
 import pytest
-
 from benchlib import STATS_KEYS, check_figures, load, run_benchmark, run_smoke
 
 
 @pytest.mark.timeout(420)
 def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
     out = str(tmp_path / "bench")
-    stdout = run_smoke("benchmarks.run_all", out, "--only=trainer_vs_baselines,steps_per_loop_auto,mirrored_vs_one_device",
-                  timeout=400)
+    stdout = run_smoke(
+        "benchmarks.run_all",
+        out,
+        "--only=trainer_vs_baselines,steps_per_loop_auto,mirrored_vs_one_device",
+        timeout=400,
+    )
     assert "tfdist_trainer benchmarks (SMOKE" in stdout
 
     payload = load(out, "trainer_vs_baselines")
@@ -26,17 +29,28 @@ def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
     assert payload["baseline"] == "handwritten"
     assert set(payload["results"]) == {"trainer", "handwritten", "fit_default", "fit_spe100"}
     for name, result in payload["results"].items():
-        assert STATS_KEYS <= set(result), name
-        assert {"time_ratio_vs_baseline", "time_ratio_vs_baseline_paired", "description"} <= set(result), name
+        assert set(result) >= STATS_KEYS, name
+        assert {"time_ratio_vs_baseline", "time_ratio_vs_baseline_paired", "description"} <= set(
+            result
+        ), name
         assert result["steps_per_s"] > 0
     assert payload["results"]["handwritten"]["time_ratio_vs_baseline"] == 1.0
-    assert payload["results"]["fit_spe100"]["steps_per_execution"] == payload["config"]["steps_per_loop"]
-    assert {"trainer_over_handwritten_time", "trainer_over_handwritten_meets_target",
-            "trainer_speedup_vs_fit_default", "trainer_speedup_vs_fit_default_meets_target",
-            "trainer_speedup_vs_fit_spe100"} <= set(payload["summary"])
+    assert (
+        payload["results"]["fit_spe100"]["steps_per_execution"]
+        == payload["config"]["steps_per_loop"]
+    )
+    assert {
+        "trainer_over_handwritten_time",
+        "trainer_over_handwritten_meets_target",
+        "trainer_speedup_vs_fit_default",
+        "trainer_speedup_vs_fit_default_meets_target",
+        "trainer_speedup_vs_fit_spe100",
+    } <= set(payload["summary"])
     targets = {f["target"] for f in check_figures(payload, at_least=3)}
     assert {"<= 1.05", ">= 1.4", ">= 0.9"} <= targets
-    assert payload["isolation"]["steps_per_s"] > 0 and isinstance(payload["isolation"]["meets_target"], bool)
+    assert payload["isolation"]["steps_per_s"] > 0 and isinstance(
+        payload["isolation"]["meets_target"], bool
+    )
 
     auto = load(out, "steps_per_loop_auto")
     assert set(auto["results"]) == {"fixed_1", "fixed_10", "auto"}
@@ -46,21 +60,33 @@ def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
     assert figure["target"] == ">= 0.9" and isinstance(figure["meets_target"], bool)
 
     mirrored = load(out, "mirrored_vs_one_device")
-    assert mirrored["results"]["mirrored"]["replicas"] == 2 and mirrored["results"]["one_device"]["replicas"] == 1
+    assert (
+        mirrored["results"]["mirrored"]["replicas"] == 2
+        and mirrored["results"]["one_device"]["replicas"] == 1
+    )
     assert len(mirrored["devices"]) == 2
     check_figures(mirrored)
 
     combined = load(out, "run_all")
     assert all(st["exit_code"] == 0 for st in combined["status"].values())
-    assert set(combined["status"]) == {"trainer_vs_baselines", "steps_per_loop_auto", "mirrored_vs_one_device"}
+    assert set(combined["status"]) == {
+        "trainer_vs_baselines",
+        "steps_per_loop_auto",
+        "mirrored_vs_one_device",
+    }
     assert len(combined["rows"]) == len(combined["figures"]) >= 5
     with open(combined["chart"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
     # --report_only rebuilds the combined report from the JSON files, running nothing.
     os.remove(combined["chart"])
-    stdout = run_smoke("benchmarks.run_all", out, "--report_only", "--only=trainer_vs_baselines,steps_per_loop_auto",
-                  timeout=120)
+    stdout = run_smoke(
+        "benchmarks.run_all",
+        out,
+        "--report_only",
+        "--only=trainer_vs_baselines,steps_per_loop_auto",
+        timeout=120,
+    )
     assert "trainer_vs_baselines: ok (from its JSON)" in stdout and "[run_all] -m" not in stdout
     rebuilt = load(out, "run_all")
     assert rebuilt["smoke"] is True and os.path.exists(rebuilt["chart"])
@@ -74,16 +100,25 @@ def test_run_all_refuses_an_unknown_benchmark(tmp_path):
 
 
 def test_run_all_report_only_without_results_says_to_run_first(tmp_path):
-    proc = run_benchmark("benchmarks.run_all", str(tmp_path), "--report_only", "--only=ps_ratios", timeout=120)
+    proc = run_benchmark(
+        "benchmarks.run_all", str(tmp_path), "--report_only", "--only=ps_ratios", timeout=120
+    )
     assert proc.returncode == 1, proc.stdout
-    assert f"ps_ratios FAILED: it wrote no {tmp_path}/ps_ratios.json; run it first (without --report_only)" \
+    assert (
+        f"ps_ratios FAILED: it wrote no {tmp_path}/ps_ratios.json; run it first (without --report_only)"
         in proc.stdout
+    )
 
 
 def test_run_all_exits_1_when_a_benchmark_fails(tmp_path):
     # A bad argument makes the benchmark itself exit 2; run_all reports it and exits 1.
-    proc = run_benchmark("benchmarks.run_all", str(tmp_path), "--only=steps_per_loop_auto",
-                         "--args=steps_per_loop_auto=--fixed=0", timeout=120)
+    proc = run_benchmark(
+        "benchmarks.run_all",
+        str(tmp_path),
+        "--only=steps_per_loop_auto",
+        "--args=steps_per_loop_auto=--fixed=0",
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout
     assert "steps_per_loop_auto FAILED with exit code 2" in proc.stdout
     assert "--fixed needs positive integers" in proc.stdout
@@ -100,8 +135,13 @@ def test_ps_steps_per_loop_smoke(tmp_path):
     assert payload["baseline"] == "steps_per_loop=1"
     assert [r["steps_per_loop"] for r in payload["results"]] == [1, 10, 100, "auto"]
     for result in payload["results"]:
-        assert STATS_KEYS <= set(result)
-        assert {"steps_per_call", "closures_per_call", "speedup_vs_baseline", "speedup_vs_baseline_paired"} <= set(result)
+        assert set(result) >= STATS_KEYS
+        assert {
+            "steps_per_call",
+            "closures_per_call",
+            "speedup_vs_baseline",
+            "speedup_vs_baseline_paired",
+        } <= set(result)
         assert result["steps_per_s"] > 0
     assert payload["results"][0]["speedup_vs_baseline"] == 1.0
     # The real cluster trained: every scheduled step was counted once.
@@ -125,7 +165,9 @@ def test_ps_ratios_smoke(tmp_path):
     payload = load(out, "ps_ratios")
     assert payload["baseline"] == "ps:worker 1:1"
     assert {name: (r["num_ps"], r["num_workers"]) for name, r in payload["results"].items()} == {
-        "1:1": (1, 1), "1:2": (1, 2)}
+        "1:1": (1, 1),
+        "1:2": (1, 2),
+    }
     assert payload["global_step_exact"] is True
     (figure,) = check_figures(payload)
     assert figure["baseline"] == "ps:worker 1:1"

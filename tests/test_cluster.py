@@ -41,6 +41,7 @@ def _tf_config(cluster, task_type, index, **extra) -> str:
 
 # -- TF_CONFIG ------------------------------------------------------------------
 
+
 def test_tf_config_basic():
     config = from_tf_config(_tf_config(CLUSTER, "worker", 1))
     assert config.task_type == "worker" and config.task_id == 1
@@ -54,22 +55,26 @@ def test_tf_config_basic():
 
 def test_tf_config_kubeflow_tfjob_form():
     """What a Kubeflow TFJob injects: upper/mixed-case types, environment cloud, an evaluator, 'master'."""
-    text = json.dumps({
-        "cluster": {
-            "Master": ["tfjob-master-0.ns.svc:2222"],
-            "WORKER": ["tfjob-worker-0.ns.svc:2222", "tfjob-worker-1.ns.svc:2222"],
-            "ps": ["tfjob-ps-0.ns.svc:2222"],
-            "evaluator": ["tfjob-evaluator-0.ns.svc:2222"],
-        },
-        "task": {"type": "Worker", "index": "1"},
-        "environment": "cloud",
-    })
+    text = json.dumps(
+        {
+            "cluster": {
+                "Master": ["tfjob-master-0.ns.svc:2222"],
+                "WORKER": ["tfjob-worker-0.ns.svc:2222", "tfjob-worker-1.ns.svc:2222"],
+                "ps": ["tfjob-ps-0.ns.svc:2222"],
+                "evaluator": ["tfjob-evaluator-0.ns.svc:2222"],
+            },
+            "task": {"type": "Worker", "index": "1"},
+            "environment": "cloud",
+        }
+    )
     config = from_tf_config(text)
     assert set(config.cluster) == {"chief", "worker", "ps", "evaluator"}
     assert config.task_type == "worker" and config.task_id == 1
     assert config.environment == "cloud"
     assert not config.is_chief
-    master = from_tf_config(text.replace('"type": "Worker", "index": "1"', '"type": "master", "index": 0'))
+    master = from_tf_config(
+        text.replace('"type": "Worker", "index": "1"', '"type": "master", "index": 0')
+    )
     assert master.task_type == "chief" and master.is_chief and master.role == "chief:0"
 
 
@@ -86,27 +91,36 @@ def test_empty_tf_config_is_a_lone_process():
     assert resolve({"TF_CONFIG": "   "}).is_local
 
 
-@pytest.mark.parametrize("text, words", [
-    ("{not json", ["not valid JSON", "TF_CONFIG"]),
-    ("[1, 2]", ["JSON object"]),
-    ('{"cluster": ["h:1"], "task": {}}', ["'cluster' must be an object"]),
-    ('{"cluster": {"worker": ["h:1"]}, "task": "worker"}', ["'task' must be an object"]),
-    (_tf_config(CLUSTER, "ps", 1), ["index 1", "out of range", "'ps'", "valid: 0..0"]),
-    (_tf_config(CLUSTER, "worker", -1), ["index -1", "out of range"]),
-    (_tf_config(CLUSTER, "worker", "one"), ["must be an integer"]),
-    (_tf_config(CLUSTER, "worker", True), ["must be an integer"]),
-    (_tf_config({"worker": ["h:1"]}, "ps", 0), ["'ps' is not in the cluster", "which has worker"]),
-    (_tf_config({"worker": ["h:1"]}, "trainer", 0), ["unknown task type 'trainer'"]),
-    (_tf_config({"boss": ["h:1"]}, "boss", 0), ["unknown task type 'boss'"]),
-    (_tf_config({"worker": ["h:1"]}, None, 0), ["type is not", "task.type"]),
-    (_tf_config({}, "worker", 0), ["cluster is empty"]),
-    (_tf_config({"worker": []}, "worker", 0), ["non-empty list"]),
-    (_tf_config({"worker": ["hostonly"]}, "worker", 0), ["'hostonly'", "host:port"]),
-    (_tf_config({"worker": ["h:99999"]}, "worker", 0), ["'h:99999'", "1..65535"]),
-    (_tf_config({"worker": ["h:1", "h:1"]}, "worker", 0), ["worker:1 and worker:0", "h:1"]),
-    (_tf_config({"chief": ["h:1", "h:2"], "worker": ["h:3"]}, "chief", 0), ["exactly one chief"]),
-    (_tf_config({"worker": ["h:1"]}, "worker", 0, rpc_layer="http"), ["rpc_layer 'http'"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("{not json", ["not valid JSON", "TF_CONFIG"]),
+        ("[1, 2]", ["JSON object"]),
+        ('{"cluster": ["h:1"], "task": {}}', ["'cluster' must be an object"]),
+        ('{"cluster": {"worker": ["h:1"]}, "task": "worker"}', ["'task' must be an object"]),
+        (_tf_config(CLUSTER, "ps", 1), ["index 1", "out of range", "'ps'", "valid: 0..0"]),
+        (_tf_config(CLUSTER, "worker", -1), ["index -1", "out of range"]),
+        (_tf_config(CLUSTER, "worker", "one"), ["must be an integer"]),
+        (_tf_config(CLUSTER, "worker", True), ["must be an integer"]),
+        (
+            _tf_config({"worker": ["h:1"]}, "ps", 0),
+            ["'ps' is not in the cluster", "which has worker"],
+        ),
+        (_tf_config({"worker": ["h:1"]}, "trainer", 0), ["unknown task type 'trainer'"]),
+        (_tf_config({"boss": ["h:1"]}, "boss", 0), ["unknown task type 'boss'"]),
+        (_tf_config({"worker": ["h:1"]}, None, 0), ["type is not", "task.type"]),
+        (_tf_config({}, "worker", 0), ["cluster is empty"]),
+        (_tf_config({"worker": []}, "worker", 0), ["non-empty list"]),
+        (_tf_config({"worker": ["hostonly"]}, "worker", 0), ["'hostonly'", "host:port"]),
+        (_tf_config({"worker": ["h:99999"]}, "worker", 0), ["'h:99999'", "1..65535"]),
+        (_tf_config({"worker": ["h:1", "h:1"]}, "worker", 0), ["worker:1 and worker:0", "h:1"]),
+        (
+            _tf_config({"chief": ["h:1", "h:2"], "worker": ["h:3"]}, "chief", 0),
+            ["exactly one chief"],
+        ),
+        (_tf_config({"worker": ["h:1"]}, "worker", 0, rpc_layer="http"), ["rpc_layer 'http'"]),
+    ],
+)
 def test_bad_tf_config_is_one_sentence(text, words):
     with pytest.raises(ClusterConfigError) as info:
         from_tf_config(text)
@@ -118,12 +132,21 @@ def test_bad_tf_config_is_one_sentence(text, words):
 
 # -- classic flags ------------------------------------------------------------------
 
-@pytest.mark.parametrize("task_type, index", [("chief", 0), ("worker", 1), ("ps", 0), ("evaluator", 0)])
+
+@pytest.mark.parametrize(
+    "task_type, index", [("chief", 0), ("worker", 1), ("ps", 0), ("evaluator", 0)]
+)
 def test_flags_equal_tf_config(task_type, index):
     cluster = dict(CLUSTER, evaluator=["host4:2222"])
-    by_flags = resolve({}, job_name=task_type, task_index=index, ps_hosts=["host3:2222"],
-                       worker_hosts=["host1:2222", "host2:2222"], chief_host="host0:2222",
-                       evaluator_host="host4:2222")
+    by_flags = resolve(
+        {},
+        job_name=task_type,
+        task_index=index,
+        ps_hosts=["host3:2222"],
+        worker_hosts=["host1:2222", "host2:2222"],
+        chief_host="host0:2222",
+        evaluator_host="host4:2222",
+    )
     by_tf_config = resolve({"TF_CONFIG": _tf_config(cluster, task_type, index)})
     assert by_flags == by_tf_config
     assert by_flags.to_tf_config() == by_tf_config.to_tf_config()
@@ -131,19 +154,37 @@ def test_flags_equal_tf_config(task_type, index):
 
 def test_flags_accept_comma_separated_strings_and_win_over_tf_config():
     environ = {"TF_CONFIG": _tf_config({"worker": ["other:1"]}, "worker", 0)}
-    config = resolve(environ, job_name="worker", task_index=1, ps_hosts="h:1",
-                     worker_hosts="h:2, h:3", chief_host=None, evaluator_host=None)
+    config = resolve(
+        environ,
+        job_name="worker",
+        task_index=1,
+        ps_hosts="h:1",
+        worker_hosts="h:2, h:3",
+        chief_host=None,
+        evaluator_host=None,
+    )
     assert config.cluster == {"worker": ("h:2", "h:3"), "ps": ("h:1",)}
     assert config.role == "worker:1"
-    assert config == from_flags(job_name="worker", task_index=1, ps_hosts=["h:1"], worker_hosts=["h:2", "h:3"])
+    assert config == from_flags(
+        job_name="worker", task_index=1, ps_hosts=["h:1"], worker_hosts=["h:2", "h:3"]
+    )
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(job_name=None, worker_hosts=["h:1"]), ["--job_name is not"]),
-    (dict(job_name="worker", task_index=2, worker_hosts=["h:1", "h:2"]), ["cluster flags", "index 2", "out of range"]),
-    (dict(job_name="ps", task_index=0, worker_hosts=["h:1"]), ["cluster flags", "'ps' is not in the cluster"]),
-    (dict(job_name="worker", task_index=0), ["cluster is empty"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(job_name=None, worker_hosts=["h:1"]), ["--job_name is not"]),
+        (
+            dict(job_name="worker", task_index=2, worker_hosts=["h:1", "h:2"]),
+            ["cluster flags", "index 2", "out of range"],
+        ),
+        (
+            dict(job_name="ps", task_index=0, worker_hosts=["h:1"]),
+            ["cluster flags", "'ps' is not in the cluster"],
+        ),
+        (dict(job_name="worker", task_index=0), ["cluster is empty"]),
+    ],
+)
 def test_bad_flags_are_one_sentence(kwargs, words):
     with pytest.raises(ClusterConfigError) as info:
         resolve({}, **kwargs)
@@ -155,10 +196,13 @@ def test_bad_flags_are_one_sentence(kwargs, words):
 
 # -- conversions and roles ---------------------------------------------------------
 
+
 def test_to_tf_config_removes_the_evaluator_for_trainers_only():
     cluster = dict(CLUSTER, evaluator=["host4:2222"])
     for task_type in ("chief", "worker", "ps"):
-        out = json.loads(from_tf_config(_tf_config(cluster, task_type, 0, environment="cloud")).to_tf_config())
+        out = json.loads(
+            from_tf_config(_tf_config(cluster, task_type, 0, environment="cloud")).to_tf_config()
+        )
         assert "evaluator" not in out["cluster"]
         assert out["cluster"] == CLUSTER
         assert out["task"] == {"type": task_type, "index": 0}
@@ -176,15 +220,18 @@ def test_to_tf_config_normalizes_master_to_chief():
     assert out["task"] == {"type": "chief", "index": 0}
 
 
-@pytest.mark.parametrize("cluster, task_type, index, chief", [
-    (CLUSTER, "chief", 0, True),
-    (CLUSTER, "worker", 0, False),   # a chief exists, so worker:0 is not the chief
-    (CLUSTER, "ps", 0, False),
-    ({"worker": ["h:1", "h:2"]}, "worker", 0, True),   # no chief: worker:0 is (TF's rule)
-    ({"worker": ["h:1", "h:2"]}, "worker", 1, False),
-    ({"worker": ["h:1"], "evaluator": ["h:2"]}, "evaluator", 0, False),
-    (dict(CLUSTER, evaluator=["h:9"]), "evaluator", 0, False),
-])
+@pytest.mark.parametrize(
+    "cluster, task_type, index, chief",
+    [
+        (CLUSTER, "chief", 0, True),
+        (CLUSTER, "worker", 0, False),  # a chief exists, so worker:0 is not the chief
+        (CLUSTER, "ps", 0, False),
+        ({"worker": ["h:1", "h:2"]}, "worker", 0, True),  # no chief: worker:0 is (TF's rule)
+        ({"worker": ["h:1", "h:2"]}, "worker", 1, False),
+        ({"worker": ["h:1"], "evaluator": ["h:2"]}, "evaluator", 0, False),
+        (dict(CLUSTER, evaluator=["h:9"]), "evaluator", 0, False),
+    ],
+)
 def test_is_chief(cluster, task_type, index, chief):
     assert from_tf_config(_tf_config(cluster, task_type, index)).is_chief is chief
 
@@ -198,6 +245,7 @@ def test_training_cluster_and_tasks():
 
 # -- the network ---------------------------------------------------------------------
 
+
 def _listening_socket(port: int) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.bind(("127.0.0.1", port))
@@ -207,7 +255,9 @@ def _listening_socket(port: int) -> socket.socket:
 
 def _local_config(task_type: str = "worker", index: int = 0, n: int = 2) -> ClusterConfig:
     ports = [portpicker.pick_unused_port() for _ in range(n)]
-    return from_tf_config(_tf_config({"worker": [f"127.0.0.1:{p}" for p in ports]}, task_type, index))
+    return from_tf_config(
+        _tf_config({"worker": [f"127.0.0.1:{p}" for p in ports]}, task_type, index)
+    )
 
 
 def test_port_is_free_and_check_own_port():
@@ -237,14 +287,23 @@ def test_wait_for_tasks_names_only_the_missing_tasks():
         wait_for_tasks([up], timeout_s=2, poll_s=0.05)  # returns at once
         started = time.monotonic()
         with pytest.raises(ClusterConfigError) as info:
-            wait_for_tasks([up, down_1, down_2], timeout_s=0.5, poll_s=0.05, waiting_for=" (waited for by chief:0)")
+            wait_for_tasks(
+                [up, down_1, down_2],
+                timeout_s=0.5,
+                poll_s=0.05,
+                waiting_for=" (waited for by chief:0)",
+            )
         assert time.monotonic() - started < 5
     finally:
         held.close()
     message = str(info.value)
     assert f"worker:1 at {down_1.address}" in message and f"worker:2 at {down_2.address}" in message
     assert "worker:0" not in message
-    assert "0.5s" in message and "(waited for by chief:0)" in message and "start those tasks" in message
+    assert (
+        "0.5s" in message
+        and "(waited for by chief:0)" in message
+        and "start those tasks" in message
+    )
     assert "\n" not in message
     with pytest.raises(ClusterConfigError, match="start that task"):
         wait_for_tasks([down_1], timeout_s=0.2, poll_s=0.05)

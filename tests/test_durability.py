@@ -26,11 +26,10 @@ import signal
 import textwrap
 import time
 
+import clusterlib
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import clusterlib
 from clusterlib import FAST_MNIST, launch_cmd, strategy_gin, train_cmd
 
 TIMEOUT_S = 240
@@ -43,6 +42,7 @@ FAULTS: list[tuple[str, str, str, str, str]] = []
 
 # -- fixtures --------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module", autouse=True)
 def fault_table(request):
     """Prints the table of all faults of this module at its end (also without -s) and saves it."""
@@ -51,9 +51,14 @@ def fault_table(request):
         return
     header = ("fault", "step at fault", "resumed from", "steps lost", "s to recover")
     widths = [max(len(str(row[i])) for row in [header, *FAULTS]) for i in range(len(header))]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *FAULTS]]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip()
+        for row in [header, *FAULTS]
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    text = "\n".join(["", "durability: faults injected, steps lost and time to recover", *lines, ""])
+    text = "\n".join(
+        ["", "durability: faults injected, steps lost and time to recover", *lines, ""]
+    )
     with open(TABLE_PATH, "w") as f:
         f.write(text + "\n")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -63,20 +68,23 @@ def fault_table(request):
         print(text)
 
 
-
-
 def record_fault(fault: str, *, step_at_kill, restored, steps_lost, recover_s) -> None:
     def fmt(value):
         if value is None:
             return "n/a"
         return f"{value:.1f}" if isinstance(value, float) else str(value)
+
     row = (fault, fmt(step_at_kill), fmt(restored), fmt(steps_lost), fmt(recover_s))
     FAULTS.append(row)
-    print(f"\n[durability] {fault}: step at fault {row[1]}, resumed from {row[2]}, steps lost {row[3]}, "
-          f"seconds to recover {row[4]}", flush=True)
+    print(
+        f"\n[durability] {fault}: step at fault {row[1]}, resumed from {row[2]}, steps lost {row[3]}, "
+        f"seconds to recover {row[4]}",
+        flush=True,
+    )
 
 
 # -- running and watching jobs ---------------------------------------------------
+
 
 class Job(clusterlib.BackgroundJob):
     """A tfdist-launch or tfdist-train job whose launcher reports the pids of the tasks it starts."""
@@ -85,7 +93,9 @@ class Job(clusterlib.BackgroundJob):
 
     def task_pid(self, role: str) -> int:
         """The pid of a task's current process, from the launcher's '[launch] started <role> (pid P' lines."""
-        pids = re.findall(rf"^\[launch\] started {re.escape(role)} \(pid (\d+)", self.output(), re.M)
+        pids = re.findall(
+            rf"^\[launch\] started {re.escape(role)} \(pid (\d+)", self.output(), re.M
+        )
         assert pids, f"the launcher did not report starting {role}:\n{self.output()[-4000:]}"
         return int(pids[-1])
 
@@ -98,9 +108,11 @@ class Job(clusterlib.BackgroundJob):
 
 def train_step_reached(model_dir: str, step: int):
     """A predicate: the last train record whose step is >= `step`, else None."""
+
     def reached():
         records = [r for r in clusterlib.train_records(model_dir) if r["step"] >= step]
         return records[-1] if records else None
+
     return reached
 
 
@@ -123,7 +135,11 @@ def first_record_after(records: list[dict], kill_time: float, restored: int | No
     for i in range(1, len(records)):
         if records[i]["step"] <= records[i - 1]["step"]:
             start = i
-    after = [r for r in records[start:] if r["time"] > kill_time and (restored is None or r["step"] > restored)]
+    after = [
+        r
+        for r in records[start:]
+        if r["time"] > kill_time and (restored is None or r["step"] > restored)
+    ]
     assert after, f"no train record after the kill: {records}"
     return after[0]
 
@@ -133,7 +149,9 @@ def restored_steps(log: str) -> list[int]:
 
 
 def read_log(model_dir: str, role: str) -> str:
-    with open(os.path.join(model_dir, "logs", role.replace(":", "-") + ".log"), errors="replace") as f:
+    with open(
+        os.path.join(model_dir, "logs", role.replace(":", "-") + ".log"), errors="replace"
+    ) as f:
         return f.read()
 
 
@@ -144,16 +162,31 @@ def latest_step(model_dir: str) -> int | None:
 
 def checkpoint_steps(model_dir: str) -> list[int]:
     """Steps of every complete checkpoint (an .index file) in model_dir."""
-    return sorted(int(m.group(1)) for name in os.listdir(model_dir)
-                  if (m := re.fullmatch(r"ckpt-(\d+)\.index", name)))
+    return sorted(
+        int(m.group(1))
+        for name in os.listdir(model_dir)
+        if (m := re.fullmatch(r"ckpt-(\d+)\.index", name))
+    )
 
 
-def mnist_args(strategy: str, model_dir: str, steps: int, *, log_every: int, checkpoint_every: int,
-               extra: tuple[str, ...] = ()) -> list[str]:
-    args = [*FAST_MNIST, strategy_gin(strategy), f"--gin_bindings=train.train_steps={steps}",
-            f"--gin_bindings=train.log_every_n_steps={log_every}",
-            f"--gin_bindings=train.checkpoint_every_n_steps={checkpoint_every}", *extra,
-            f"--model_dir={model_dir}"]
+def mnist_args(
+    strategy: str,
+    model_dir: str,
+    steps: int,
+    *,
+    log_every: int,
+    checkpoint_every: int,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
+    args = [
+        *FAST_MNIST,
+        strategy_gin(strategy),
+        f"--gin_bindings=train.train_steps={steps}",
+        f"--gin_bindings=train.log_every_n_steps={log_every}",
+        f"--gin_bindings=train.checkpoint_every_n_steps={checkpoint_every}",
+        *extra,
+        f"--model_dir={model_dir}",
+    ]
     if strategy == "parameter_server":
         args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
     return args
@@ -166,9 +199,13 @@ def assert_finished_at(model_dir: str, steps: int, context: str) -> list[dict]:
     """The job reached exactly `steps`: last record, latest checkpoint; and its loss fell."""
     records = clusterlib.train_records(model_dir)
     assert records, f"no train records in {model_dir}:\n{context[-6000:]}"
-    assert records[-1]["step"] == steps, f"last train record at step {records[-1]['step']}, want {steps}"
+    assert records[-1]["step"] == steps, (
+        f"last train record at step {records[-1]['step']}, want {steps}"
+    )
     latest = tf.train.latest_checkpoint(model_dir)
-    assert latest is not None and latest.endswith(f"ckpt-{steps}"), f"latest checkpoint {latest}, want ckpt-{steps}"
+    assert latest is not None and latest.endswith(f"ckpt-{steps}"), (
+        f"latest checkpoint {latest}, want ckpt-{steps}"
+    )
     losses = [r["loss"] for r in records]
     assert all(math.isfinite(loss) for loss in losses), f"non-finite loss: {losses}"
     head, tail = np.mean(losses[:2]), np.mean(losses[-2:])
@@ -189,9 +226,19 @@ def test_pss_worker_sigkill_is_absorbed(tmp_path):
     """kill -9 worker:1: the coordinator re-runs its closures on worker:0, the launcher restarts it,
     and the job ends exactly at train_steps without restoring anything."""
     model_dir = str(tmp_path / "model")
-    job = Job(launch_cmd(["--num_workers=2", "--num_ps=1", *RESTART],
-                         mnist_args("parameter_server", model_dir, PSS_STEPS, log_every=PSS_LOG_EVERY,
-                                    checkpoint_every=PSS_CHECKPOINT_EVERY)), str(tmp_path / "launch.out"))
+    job = Job(
+        launch_cmd(
+            ["--num_workers=2", "--num_ps=1", *RESTART],
+            mnist_args(
+                "parameter_server",
+                model_dir,
+                PSS_STEPS,
+                log_every=PSS_LOG_EVERY,
+                checkpoint_every=PSS_CHECKPOINT_EVERY,
+            ),
+        ),
+        str(tmp_path / "launch.out"),
+    )
     try:
         job.wait_until("a train record at step >= 150", train_step_reached(model_dir, 150))
         pid = job.task_pid("worker:1")
@@ -206,7 +253,9 @@ def test_pss_worker_sigkill_is_absorbed(tmp_path):
     assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
     records = assert_finished_at(model_dir, PSS_STEPS, out)
     killed_at = step_before(records, kill_time)
-    assert killed_at < PSS_STEPS, "the worker was killed after training ended; the fault was not exercised"
+    assert killed_at < PSS_STEPS, (
+        "the worker was killed after training ended; the fault was not exercised"
+    )
     chief_log = read_log(model_dir, "chief:0")
     assert restored_steps(chief_log) == [], "the chief restarted although only a worker died"
     assert "training done at step 600" in chief_log
@@ -214,19 +263,35 @@ def test_pss_worker_sigkill_is_absorbed(tmp_path):
     steps = [r["step"] for r in records]
     assert steps == sorted(set(steps)), steps
     recover_s = first_record_after(records, kill_time)["time"] - kill_time
-    record_fault("pss: SIGKILL worker:1", step_at_kill=killed_at, restored="- (no restart)", steps_lost=0,
-                 recover_s=recover_s)
+    record_fault(
+        "pss: SIGKILL worker:1",
+        step_at_kill=killed_at,
+        restored="- (no restart)",
+        steps_lost=0,
+        recover_s=recover_s,
+    )
 
 
 # -- 2. parameter_server: the ps is killed ---------------------------------------
+
 
 @pytest.mark.cluster
 def test_pss_ps_sigkill_resumes_from_last_checkpoint(tmp_path):
     """kill -9 ps:0: the launcher restarts chief and ps; the chief resumes from the last checkpoint."""
     model_dir = str(tmp_path / "model")
-    job = Job(launch_cmd(["--num_workers=2", "--num_ps=1", *RESTART],
-                         mnist_args("parameter_server", model_dir, PSS_STEPS, log_every=PSS_LOG_EVERY,
-                                    checkpoint_every=PSS_CHECKPOINT_EVERY)), str(tmp_path / "launch.out"))
+    job = Job(
+        launch_cmd(
+            ["--num_workers=2", "--num_ps=1", *RESTART],
+            mnist_args(
+                "parameter_server",
+                model_dir,
+                PSS_STEPS,
+                log_every=PSS_LOG_EVERY,
+                checkpoint_every=PSS_CHECKPOINT_EVERY,
+            ),
+        ),
+        str(tmp_path / "launch.out"),
+    )
     try:
         # Past the first checkpoint (ckpt-200), so that resuming is from a checkpoint, not from scratch.
         job.wait_until("a train record at step >= 240", train_step_reached(model_dir, 240))
@@ -241,22 +306,32 @@ def test_pss_ps_sigkill_resumes_from_last_checkpoint(tmp_path):
     assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
     # The launcher may notice the dead ps (137) or the chief that lost it (200) first; either way
     # chief and ps restart together, once.
-    assert re.search(r"(ps:0 exited with code 137|chief:0 exited with code 200); restarting chief:0, ps:0 in",
-                     out), out[-6000:]
+    assert re.search(
+        r"(ps:0 exited with code 137|chief:0 exited with code 200); restarting chief:0, ps:0 in",
+        out,
+    ), out[-6000:]
     assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
     records = assert_finished_at(model_dir, PSS_STEPS, out)
     killed_at = step_before(records, kill_time)
-    assert killed_at < PSS_STEPS, "the ps was killed after training ended; the fault was not exercised"
+    assert killed_at < PSS_STEPS, (
+        "the ps was killed after training ended; the fault was not exercised"
+    )
     restored = restored_steps(read_log(model_dir, "chief:0"))
     assert len(restored) == 1, f"expected one 'restored' line in the chief's log, got {restored}"
     restored = restored[0]
     assert latest_at_kill is not None and restored >= latest_at_kill, (restored, latest_at_kill)
     steps_lost = killed_at - restored
-    assert 0 <= steps_lost <= PSS_CHECKPOINT_EVERY, \
+    assert 0 <= steps_lost <= PSS_CHECKPOINT_EVERY, (
         f"resumed from step {restored} after a kill at step {killed_at}: more than one checkpoint interval redone"
+    )
     recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault("pss: SIGKILL ps:0", step_at_kill=killed_at, restored=restored, steps_lost=steps_lost,
-                 recover_s=recover_s)
+    record_fault(
+        "pss: SIGKILL ps:0",
+        step_at_kill=killed_at,
+        restored=restored,
+        steps_lost=steps_lost,
+        recover_s=recover_s,
+    )
 
 
 # -- 3. multi_worker_mirrored: a worker is killed --------------------------------
@@ -275,9 +350,19 @@ def last_fingerprint(log: str) -> tuple[int, str]:
 def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
     """kill -9 worker:1: every worker restarts, resumes from the last checkpoint, and they end in sync."""
     model_dir = str(tmp_path / "model")
-    job = Job(launch_cmd(["--num_workers=2", *RESTART],
-                         mnist_args("multi_worker_mirrored", model_dir, MWMS_STEPS, log_every=10,
-                                    checkpoint_every=MWMS_CHECKPOINT_EVERY)), str(tmp_path / "launch.out"))
+    job = Job(
+        launch_cmd(
+            ["--num_workers=2", *RESTART],
+            mnist_args(
+                "multi_worker_mirrored",
+                model_dir,
+                MWMS_STEPS,
+                log_every=10,
+                checkpoint_every=MWMS_CHECKPOINT_EVERY,
+            ),
+        ),
+        str(tmp_path / "launch.out"),
+    )
     try:
         job.wait_until("a train record at step >= 120", train_step_reached(model_dir, 120))
         pid = job.task_pid("worker:1")
@@ -290,12 +375,17 @@ def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
     assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
     # worker:1 (137), or worker:0 whose collective lost its peer (200), is noticed first; either
     # way all workers restart together, once.
-    assert re.search(r"(worker:1 exited with code 137|worker:0 exited with code 200); "
-                     r"restarting worker:0, worker:1 in", out), out[-6000:]
+    assert re.search(
+        r"(worker:1 exited with code 137|worker:0 exited with code 200); "
+        r"restarting worker:0, worker:1 in",
+        out,
+    ), out[-6000:]
     assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
     records = assert_finished_at(model_dir, MWMS_STEPS, out)
     killed_at = step_before(records, kill_time)
-    assert killed_at < MWMS_STEPS, "the worker was killed after training ended; the fault was not exercised"
+    assert killed_at < MWMS_STEPS, (
+        "the worker was killed after training ended; the fault was not exercised"
+    )
     logs = {role: read_log(model_dir, role) for role in ("worker:0", "worker:1")}
     restored = restored_steps(logs["worker:0"])
     assert len(restored) == 1, f"expected one 'restored' line in worker:0's log, got {restored}"
@@ -303,30 +393,45 @@ def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
     steps_lost = killed_at - restored
     assert 0 <= steps_lost <= MWMS_CHECKPOINT_EVERY, (killed_at, restored)
     prints = {role: last_fingerprint(log) for role, log in logs.items()}
-    assert prints["worker:0"] == prints["worker:1"] and prints["worker:0"][0] == MWMS_STEPS, \
+    assert prints["worker:0"] == prints["worker:1"] and prints["worker:0"][0] == MWMS_STEPS, (
         f"workers disagree after the restart: {prints}"
-    assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), "throw-away checkpoints were left"
+    )
+    assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), (
+        "throw-away checkpoints were left"
+    )
     recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault("mwms: SIGKILL worker:1", step_at_kill=killed_at, restored=restored, steps_lost=steps_lost,
-                 recover_s=recover_s)
+    record_fault(
+        "mwms: SIGKILL worker:1",
+        step_at_kill=killed_at,
+        restored=restored,
+        steps_lost=steps_lost,
+        recover_s=recover_s,
+    )
 
 
 # -- 4. one_device: the chief is killed, the same command resumes -----------------
+
 
 @pytest.mark.cluster
 def test_one_device_chief_sigkill_then_rerun_resumes(tmp_path):
     steps, every = 800, 100
     model_dir = str(tmp_path / "model")
-    cmd = train_cmd(*mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=every))
+    cmd = train_cmd(
+        *mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=every)
+    )
     first = Job(cmd, str(tmp_path / "run1.out"))
     try:
-        first.wait_until("a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01)
+        first.wait_until(
+            "a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01
+        )
         first.proc.send_signal(signal.SIGKILL)
         kill_time = time.time()
         code = first.wait()
     finally:
         first.kill_group()
-    assert code == -signal.SIGKILL, f"the first run was not killed (exit {code}):\n{first.output()[-4000:]}"
+    assert code == -signal.SIGKILL, (
+        f"the first run was not killed (exit {code}):\n{first.output()[-4000:]}"
+    )
     killed_at = step_before(clusterlib.train_records(model_dir), kill_time)
     assert killed_at < steps
     latest_at_kill = latest_step(model_dir)
@@ -342,16 +447,24 @@ def test_one_device_chief_sigkill_then_rerun_resumes(tmp_path):
     restored = restored_steps(out)
     assert restored == [latest_at_kill], f"rerun restored {restored}, want [{latest_at_kill}]"
     restored = restored[0]
-    assert f"training done at step {steps} " in out and f"({steps - restored} steps this run)" in out, out[-3000:]
+    assert (
+        f"training done at step {steps} " in out and f"({steps - restored} steps this run)" in out
+    ), out[-3000:]
     records = assert_finished_at(model_dir, steps, out)
     steps_lost = killed_at - restored
     assert 0 <= steps_lost <= every, (killed_at, restored)
     recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault("one_device: SIGKILL chief, rerun", step_at_kill=killed_at, restored=restored,
-                 steps_lost=steps_lost, recover_s=recover_s)
+    record_fault(
+        "one_device: SIGKILL chief, rerun",
+        step_at_kill=killed_at,
+        restored=restored,
+        steps_lost=steps_lost,
+        recover_s=recover_s,
+    )
 
 
 # -- 5. a kill while a checkpoint is being written --------------------------------
+
 
 def temp_checkpoint(model_dir: str) -> str | None:
     """The name of a checkpoint TensorFlow is writing right now ('..._temp...'), if any."""
@@ -366,14 +479,22 @@ def temp_checkpoint(model_dir: str) -> str | None:
 def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
     """A large Dense layer makes each save take a while; SIGKILL lands while '<ckpt>_temp' exists."""
     steps, every = 40, 5
-    extra = ("--gin_bindings=MnistTrainer.dense_units=4096", f"--gin_bindings=train.steps_per_loop={every}")
+    extra = (
+        "--gin_bindings=MnistTrainer.dense_units=4096",
+        f"--gin_bindings=train.steps_per_loop={every}",
+    )
     for attempt in range(1, 6):
         model_dir = str(tmp_path / f"model{attempt}")
-        cmd = train_cmd(*mnist_args("one_device", model_dir, steps, log_every=every, checkpoint_every=every,
-                                    extra=extra))
+        cmd = train_cmd(
+            *mnist_args(
+                "one_device", model_dir, steps, log_every=every, checkpoint_every=every, extra=extra
+            )
+        )
         first = Job(cmd, str(tmp_path / f"run{attempt}.out"))
         try:
-            first.wait_until("the first checkpoint", lambda: latest_step(model_dir), poll_s=0.05)
+            first.wait_until(
+                "the first checkpoint", lambda md=model_dir: latest_step(md), poll_s=0.05
+            )
             caught = None
             while first.proc.poll() is None and caught is None:
                 caught = temp_checkpoint(model_dir)
@@ -386,7 +507,9 @@ def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
             first.kill_group()
         if caught is not None and code == -signal.SIGKILL:
             break
-        print(f"[durability] attempt {attempt}: missed the checkpoint write (exit {code}); retrying")
+        print(
+            f"[durability] attempt {attempt}: missed the checkpoint write (exit {code}); retrying"
+        )
     else:
         pytest.fail("could not SIGKILL the process during a checkpoint write in 5 attempts")
     left = sorted(n for n in os.listdir(model_dir) if "_temp" in n)
@@ -415,8 +538,13 @@ def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
     # The half-written checkpoint's temporary directory was cleaned up by the restart.
     assert not [n for n in os.listdir(model_dir) if "_temp" in n], os.listdir(model_dir)
     recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault("one_device: SIGKILL during ckpt write", step_at_kill=killed_at, restored=restored,
-                 steps_lost=killed_at - restored, recover_s=recover_s)
+    record_fault(
+        "one_device: SIGKILL during ckpt write",
+        step_at_kill=killed_at,
+        restored=restored,
+        steps_lost=killed_at - restored,
+        recover_s=recover_s,
+    )
 
 
 # -- 6. a NaN in the loss ----------------------------------------------------------
@@ -459,15 +587,26 @@ NAN_STEP = 130
 def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints_finite(tmp_path, strategy):
     (tmp_path / "nan_trainer.py").write_text(NAN_MODULE)
     model_dir = str(tmp_path / "model")
-    args = mnist_args(strategy, model_dir, 300, log_every=50, checkpoint_every=50,
-                      extra=("--module=nan_trainer", "--gin_bindings=train.trainer_cls=@NanTrainer",
-                             f"--gin_bindings=NanTrainer.nan_at_step={NAN_STEP}"))
+    args = mnist_args(
+        strategy,
+        model_dir,
+        300,
+        log_every=50,
+        checkpoint_every=50,
+        extra=(
+            "--module=nan_trainer",
+            "--gin_bindings=train.trainer_cls=@NanTrainer",
+            f"--gin_bindings=NanTrainer.nan_at_step={NAN_STEP}",
+        ),
+    )
     env = clusterlib.base_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     result = clusterlib.run(train_cmd(*args), env=env, timeout=TIMEOUT_S)
     out = result.stdout
     assert result.returncode == 1, f"exit {result.returncode}, want 1:\n{out[-6000:]}"
-    assert re.search(rf"error: the training loss became NaN or Inf at step {NAN_STEP}\b", out), out[-4000:]
+    assert re.search(rf"error: the training loss became NaN or Inf at step {NAN_STEP}\b", out), out[
+        -4000:
+    ]
     steps = checkpoint_steps(model_dir)
     assert steps, "no checkpoint was saved before the NaN"
     assert max(steps) < NAN_STEP, f"a checkpoint at or after the NaN step {NAN_STEP}: {steps}"
@@ -487,36 +626,55 @@ def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints_finite(tmp_path, s
     assert all(r["step"] < NAN_STEP for r in records), "a train record was written after the NaN"
     # Not resumed (a NaN is a bug to fix, not a fault to retry): 'lost' is the good work after the
     # last kept checkpoint, which a rerun (e.g. with NanGuard.max_retries) would redo.
-    record_fault(f"{strategy}: NaN loss (stops, exit 1)", step_at_kill=NAN_STEP,
-                 restored=f"- (kept ckpt-{max(steps)})", steps_lost=NAN_STEP - 1 - max(steps),
-                 recover_s="n/a (exit 1)")
+    record_fault(
+        f"{strategy}: NaN loss (stops, exit 1)",
+        step_at_kill=NAN_STEP,
+        restored=f"- (kept ckpt-{max(steps)})",
+        steps_lost=NAN_STEP - 1 - max(steps),
+        recover_s="n/a (exit 1)",
+    )
 
 
 # -- 7. the evaluator side-car ------------------------------------------------------
+
 
 @pytest.mark.cluster
 def test_evaluator_sidecar_follows_checkpoints_and_exits(tmp_path):
     steps, every = 200, 50
     model_dir = str(tmp_path / "model")
-    result = clusterlib.run(launch_cmd(["--num_workers=2", "--num_ps=1", "--evaluator"],
-                                       mnist_args("parameter_server", model_dir, steps, log_every=50,
-                                                  checkpoint_every=every)), timeout=TIMEOUT_S)
+    result = clusterlib.run(
+        launch_cmd(
+            ["--num_workers=2", "--num_ps=1", "--evaluator"],
+            mnist_args("parameter_server", model_dir, steps, log_every=50, checkpoint_every=every),
+        ),
+        timeout=TIMEOUT_S,
+    )
     out = result.stdout
     assert result.returncode == 0, f"tfdist-launch exited {result.returncode}:\n{out[-8000:]}"
-    assert re.search(r"^\[launch\] evaluator:0 finished", out, re.M), "the evaluator did not exit by itself"
+    assert re.search(r"^\[launch\] evaluator:0 finished", out, re.M), (
+        "the evaluator did not exit by itself"
+    )
     evals = clusterlib.read_jsonl(os.path.join(model_dir, "eval", "metrics.jsonl"))
     assert evals and all(r["kind"] == "eval" for r in evals), evals
     eval_steps = [r["step"] for r in evals]
     # One record per checkpoint it saw: each names a checkpoint of that step, none twice.
-    assert eval_steps == sorted(set(eval_steps)), f"eval records repeated or out of order: {eval_steps}"
+    assert eval_steps == sorted(set(eval_steps)), (
+        f"eval records repeated or out of order: {eval_steps}"
+    )
     for r in evals:
         assert r["step"] % every == 0 and r["checkpoint"].endswith(f"ckpt-{r['step']}"), r
         assert math.isfinite(r["eval_loss"]) and 0 <= r["eval_accuracy"] <= 1, r
-    assert eval_steps[-1] == steps, f"the evaluator's last record is at step {eval_steps[-1]}, want {steps}"
+    assert eval_steps[-1] == steps, (
+        f"the evaluator's last record is at step {eval_steps[-1]}, want {steps}"
+    )
     assert evals[-1]["eval_accuracy"] > 0.8, evals[-1]
     log = read_log(model_dir, "evaluator:0")
     assert len(re.findall(r"eval at step \d+", log)) == len(evals), "log lines and records disagree"
-    events = [n for n in os.listdir(os.path.join(model_dir, "eval")) if n.startswith("events.out.tfevents")]
+    events = [
+        n
+        for n in os.listdir(os.path.join(model_dir, "eval"))
+        if n.startswith("events.out.tfevents")
+    ]
     assert events, f"no TensorBoard event file under {model_dir}/eval"
     tags = set()
     for name in events:
@@ -542,9 +700,18 @@ RESUME_TOLERANCE = 0.03
 @pytest.mark.cluster
 def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
     steps = 400
+
     def cmd(model_dir):
-        return train_cmd(*mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=100,
-                                     extra=("--gin_bindings=train.seed=42",)))
+        return train_cmd(
+            *mnist_args(
+                "one_device",
+                model_dir,
+                steps,
+                log_every=10,
+                checkpoint_every=100,
+                extra=("--gin_bindings=train.seed=42",),
+            )
+        )
 
     # The uninterrupted run goes alongside the first (interrupted) one, to save wall time.
     base_dir = str(tmp_path / "uninterrupted")
@@ -552,7 +719,9 @@ def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
     model_dir = str(tmp_path / "resumed")
     first = Job(cmd(model_dir), str(tmp_path / "run1.out"))
     try:
-        first.wait_until("a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01)
+        first.wait_until(
+            "a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01
+        )
         first.proc.send_signal(signal.SIGTERM)
         kill_time = time.time()
         code = first.wait()
@@ -581,15 +750,28 @@ def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
     records = assert_finished_at(model_dir, steps, out2)
 
     def final_eval(directory):
-        evals = [r for r in clusterlib.read_jsonl(os.path.join(directory, "metrics.jsonl")) if r["kind"] == "eval"]
+        evals = [
+            r
+            for r in clusterlib.read_jsonl(os.path.join(directory, "metrics.jsonl"))
+            if r["kind"] == "eval"
+        ]
         assert evals and evals[-1]["step"] == steps, evals
         return evals[-1]["eval_loss"]
 
     base_loss, resumed_loss = final_eval(base_dir), final_eval(model_dir)
-    print(f"[durability] final eval loss: uninterrupted {base_loss:.4f}, resumed {resumed_loss:.4f}")
+    print(
+        f"[durability] final eval loss: uninterrupted {base_loss:.4f}, resumed {resumed_loss:.4f}"
+    )
     assert abs(resumed_loss - base_loss) <= RESUME_TOLERANCE, (base_loss, resumed_loss)
     killed_at = step_before(records, kill_time)
     # SIGTERM -> exit, plus rerun start -> its first record (not the wait for the uninterrupted run).
-    recover_s = (exit_time - kill_time) + (first_record_after(records, rerun_time, stopped)["time"] - rerun_time)
-    record_fault("one_device: SIGTERM (saves, exit 143), rerun", step_at_kill=f"{killed_at} (saved {stopped})",
-                 restored=stopped, steps_lost=0, recover_s=recover_s)
+    recover_s = (exit_time - kill_time) + (
+        first_record_after(records, rerun_time, stopped)["time"] - rerun_time
+    )
+    record_fault(
+        "one_device: SIGTERM (saves, exit 143), rerun",
+        step_at_kill=f"{killed_at} (saved {stopped})",
+        restored=stopped,
+        steps_lost=0,
+        recover_s=recover_s,
+    )

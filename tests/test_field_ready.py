@@ -15,13 +15,19 @@ import signal
 import textwrap
 import time
 
+import clusterlib
 import numpy as np
 import pytest
-
-import clusterlib
 from clusterlib import FAST_MNIST, HandCluster, launch_cmd, strategy_gin
-from test_durability import (Job, assert_finished_at, first_record_after, read_log, record_fault, restored_steps,
-                             step_before)
+from test_durability import (
+    Job,
+    assert_finished_at,
+    first_record_after,
+    read_log,
+    record_fault,
+    restored_steps,
+    step_before,
+)
 
 TIMEOUT_S = 240
 PSS_STEPS = 600
@@ -82,13 +88,21 @@ def test_pss_workers_train_on_disjoint_shares_with_a_seed(tmp_path):
     """With train.seed set, two workers' example ids are disjoint: each trains on its own shard."""
     (tmp_path / "id_trainer.py").write_text(ID_MODULE)
     model_dir = str(tmp_path / "model")
-    train_args = ["--module=id_trainer", strategy_gin("parameter_server"),
-                  "--gin_bindings=train.trainer_cls=@IdTrainer", "--gin_bindings=train.train_steps=200",
-                  "--gin_bindings=train.seed=42", "--gin_bindings=train.extra_hooks=[@DumpSeen()]",
-                  "--gin_bindings=Trainer.global_batch_size=16", f"--model_dir={model_dir}"]
+    train_args = [
+        "--module=id_trainer",
+        strategy_gin("parameter_server"),
+        "--gin_bindings=train.trainer_cls=@IdTrainer",
+        "--gin_bindings=train.train_steps=200",
+        "--gin_bindings=train.seed=42",
+        "--gin_bindings=train.extra_hooks=[@DumpSeen()]",
+        "--gin_bindings=Trainer.global_batch_size=16",
+        f"--model_dir={model_dir}",
+    ]
     env = clusterlib.base_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    result = clusterlib.run(launch_cmd(["--num_workers=2", "--num_ps=1"], train_args), env=env, timeout=TIMEOUT_S)
+    result = clusterlib.run(
+        launch_cmd(["--num_workers=2", "--num_ps=1"], train_args), env=env, timeout=TIMEOUT_S
+    )
     assert result.returncode == 0, result.stdout[-6000:]
     with open(os.path.join(model_dir, "seen.json")) as f:
         seen = np.array(json.load(f))
@@ -102,18 +116,26 @@ def test_pss_workers_train_on_disjoint_shares_with_a_seed(tmp_path):
 
 # -- 2. a lost worker never ends the job -----------------------------------------
 
+
 def pss_mnist_args(model_dir: str, steps: int = PSS_STEPS) -> list[str]:
-    return [*FAST_MNIST, strategy_gin("parameter_server"), f"--gin_bindings=train.train_steps={steps}",
-            "--gin_bindings=train.log_every_n_steps=20", "--gin_bindings=train.checkpoint_every_n_steps=100",
-            f"--model_dir={model_dir}"]
+    return [
+        *FAST_MNIST,
+        strategy_gin("parameter_server"),
+        f"--gin_bindings=train.train_steps={steps}",
+        "--gin_bindings=train.log_every_n_steps=20",
+        "--gin_bindings=train.checkpoint_every_n_steps=100",
+        f"--model_dir={model_dir}",
+    ]
 
 
 @pytest.mark.cluster
 def test_pss_worker_sigkill_with_the_default_policy_does_not_end_the_job(tmp_path):
     """kill -9 worker:1 under tfdist-launch's defaults (no restart): the job finishes exactly, exit 0."""
     model_dir = str(tmp_path / "model")
-    job = Job(launch_cmd(["--num_workers=2", "--num_ps=1"], pss_mnist_args(model_dir)),
-              str(tmp_path / "launch.out"))
+    job = Job(
+        launch_cmd(["--num_workers=2", "--num_ps=1"], pss_mnist_args(model_dir)),
+        str(tmp_path / "launch.out"),
+    )
     try:
         kill_time = job.kill_at_step("worker:1", model_dir, 150)
         code = job.wait()
@@ -121,37 +143,56 @@ def test_pss_worker_sigkill_with_the_default_policy_does_not_end_the_job(tmp_pat
         job.kill_group()
     out = job.output()
     assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
-    assert re.search(r"worker:1 exited with code 137 and is not restarted \(the Never policy does not retry "
-                     r"it\); the job goes on with 1 of 2 workers", out), out[-6000:]
+    assert re.search(
+        r"worker:1 exited with code 137 and is not restarted \(the Never policy does not retry "
+        r"it\); the job goes on with 1 of 2 workers",
+        out,
+    ), out[-6000:]
     assert "restarting" not in out, out[-6000:]
     records = assert_finished_at(model_dir, PSS_STEPS, out)
     steps = [r["step"] for r in records]
     assert steps == sorted(set(steps)), f"one run, no step counted twice: {steps}"
     killed_at = step_before(records, kill_time)
-    assert killed_at < PSS_STEPS, "the worker was killed after training ended; the fault was not exercised"
+    assert killed_at < PSS_STEPS, (
+        "the worker was killed after training ended; the fault was not exercised"
+    )
     chief_log = read_log(model_dir, "chief:0")
     assert restored_steps(chief_log) == [] and f"training done at step {PSS_STEPS}" in chief_log
     recover_s = first_record_after(records, kill_time)["time"] - kill_time
-    record_fault("pss: SIGKILL worker:1, default policy (Never)", step_at_kill=killed_at, restored="- (no restart)",
-                 steps_lost=0, recover_s=recover_s)
+    record_fault(
+        "pss: SIGKILL worker:1, default policy (Never)",
+        step_at_kill=killed_at,
+        restored="- (no restart)",
+        steps_lost=0,
+        recover_s=recover_s,
+    )
 
 
 @pytest.mark.cluster
 def test_pss_job_fails_in_one_sentence_when_no_worker_is_left(tmp_path):
     model_dir = str(tmp_path / "model")
-    job = Job(launch_cmd(["--num_workers=2", "--num_ps=1", "--grace_s=3"], pss_mnist_args(model_dir, 5000)),
-              str(tmp_path / "launch.out"))
+    job = Job(
+        launch_cmd(
+            ["--num_workers=2", "--num_ps=1", "--grace_s=3"], pss_mnist_args(model_dir, 5000)
+        ),
+        str(tmp_path / "launch.out"),
+    )
     try:
         job.kill_at_step("worker:1", model_dir, 1)
-        job.wait_until("the launcher going on without worker:1", lambda: "the job goes on" in job.output())
+        job.wait_until(
+            "the launcher going on without worker:1", lambda: "the job goes on" in job.output()
+        )
         os.kill(job.task_pid("worker:0"), signal.SIGKILL)
         code = job.wait()
     finally:
         job.kill_group()
     out = job.output()
     assert code == 137, f"tfdist-launch exited {code}, want 137:\n{out[-6000:]}"
-    assert re.search(r"worker:0 exited with code 137 and was the last worker left; stopping the cluster because "
-                     r"no worker can run the job's steps", out), out[-6000:]
+    assert re.search(
+        r"worker:0 exited with code 137 and was the last worker left; stopping the cluster because "
+        r"no worker can run the job's steps",
+        out,
+    ), out[-6000:]
     assert clusterlib.no_process_left(model_dir) == []
 
 
@@ -163,8 +204,12 @@ def test_hand_started_pss_survives_a_killed_worker_and_servers_exit_on_the_marke
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     steps = 400
-    hand = HandCluster(clusterlib.pick_cluster({"chief": 1, "worker": 2, "ps": 1}),
-                       pss_mnist_args(model_dir, steps), str(log_dir), use_flags=True)
+    hand = HandCluster(
+        clusterlib.pick_cluster({"chief": 1, "worker": 2, "ps": 1}),
+        pss_mnist_args(model_dir, steps),
+        str(log_dir),
+        use_flags=True,
+    )
     try:
         hand.start_all()
         hand.wait_for_train_step(model_dir, 100, TIMEOUT_S)
@@ -182,6 +227,7 @@ def test_hand_started_pss_survives_a_killed_worker_and_servers_exit_on_the_marke
 
 # -- 3. a serving task that loses its chief ---------------------------------------
 
+
 @pytest.mark.cluster
 def test_serving_tasks_exit_retryable_when_the_chief_vanishes(tmp_path):
     """kill -9 the chief: ps and workers give up after --chief_gone_grace_s with exit code 201 (retryable),
@@ -190,9 +236,12 @@ def test_serving_tasks_exit_retryable_when_the_chief_vanishes(tmp_path):
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     grace_s = 3
-    hand = HandCluster(clusterlib.pick_cluster({"chief": 1, "worker": 2, "ps": 1}),
-                       pss_mnist_args(model_dir, 5000), str(log_dir),
-                       per_task_args={t: [f"--chief_gone_grace_s={grace_s}"] for t in ("ps", "worker")})
+    hand = HandCluster(
+        clusterlib.pick_cluster({"chief": 1, "worker": 2, "ps": 1}),
+        pss_mnist_args(model_dir, 5000),
+        str(log_dir),
+        per_task_args={t: [f"--chief_gone_grace_s={grace_s}"] for t in ("ps", "worker")},
+    )
     try:
         hand.start_all()
         hand.wait_for_train_step(model_dir, 20, TIMEOUT_S)
@@ -206,10 +255,17 @@ def test_serving_tasks_exit_retryable_when_the_chief_vanishes(tmp_path):
         hand.kill_all()
     assert codes == {"ps:0": 201, "worker:0": 201, "worker:1": 201}, codes
     for role in codes:
-        assert re.search(r"error: the chief at \S+ has been unreachable for \d+s \(--chief_gone_grace_s=3\) and "
-                         r"never marked training done; exiting with code 201 \(retryable\)", hand.log(role)), \
-            hand.log(role)[-3000:]
+        assert re.search(
+            r"error: the chief at \S+ has been unreachable for \d+s \(--chief_gone_grace_s=3\) and "
+            r"never marked training done; exiting with code 201 \(retryable\)",
+            hand.log(role),
+        ), hand.log(role)[-3000:]
     slowest = max(exit_after.values())
-    record_fault("pss: SIGKILL chief, seen by the serving tasks", step_at_kill="-", restored="- (tasks exit 201)",
-                 steps_lost="-", recover_s=slowest)
+    record_fault(
+        "pss: SIGKILL chief, seen by the serving tasks",
+        step_at_kill="-",
+        restored="- (tasks exit 201)",
+        steps_lost="-",
+        recover_s=slowest,
+    )
     assert slowest >= grace_s

@@ -22,10 +22,10 @@ import re
 import subprocess
 import textwrap
 
-import pytest
-
 import clusterlib
+import pytest
 from clusterlib import REPO, base_env, read_records, strategy_gin, train_cmd
+
 from tfdist_trainer import placement as placement_lib
 from tfdist_trainer.strategies import ModelParallel
 
@@ -38,22 +38,28 @@ EXPECTED_4 = {"embed": "CPU:0", "block_0": "CPU:1", "block_1": "CPU:2", "head": 
 
 # -- pure Python: plans and stages -------------------------------------------------
 
+
 def test_plan_forms_parse_to_ordered_rules():
     as_dict = placement_lib.parse_plan({"embed.*": 0, "block_[0-1].*": 0, "head": 1}, num_devices=2)
-    as_list = placement_lib.parse_plan([("embed.*", 0), ["block_[0-1].*", 0], ("head", 1)], num_devices=2)
+    as_list = placement_lib.parse_plan(
+        [("embed.*", 0), ["block_[0-1].*", 0], ("head", 1)], num_devices=2
+    )
     assert [(r.pattern, r.index) for r in as_dict] == [(r.pattern, r.index) for r in as_list]
     assert as_dict[1].matches("block_1") and not as_dict[1].matches("block_2")
     assert placement_lib.parse_plan("AUTO", num_devices=3) == "auto"
 
 
-@pytest.mark.parametrize("plan, message", [
-    ({"head": 2}, "puts layer pattern 'head' on device 2, but model_parallel.num_devices=2"),
-    ({"head": -1}, "must be an integer >= 0"),
-    ({"head(": 0}, "not a valid regular expression"),
-    ([("head",)], "(layer regex, device index) pairs"),
-    ("balanced", "must be 'auto'"),
-    ({}, "is empty"),
-])
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        ({"head": 2}, "puts layer pattern 'head' on device 2, but model_parallel.num_devices=2"),
+        ({"head": -1}, "must be an integer >= 0"),
+        ({"head(": 0}, "not a valid regular expression"),
+        ([("head",)], "(layer regex, device index) pairs"),
+        ("balanced", "must be 'auto'"),
+        ({}, "is empty"),
+    ],
+)
 def test_bad_plans_are_one_value_error_before_tensorflow(plan, message):
     with pytest.raises(ValueError) as error:
         ModelParallel(plan=plan, num_devices=2)
@@ -62,8 +68,11 @@ def test_bad_plans_are_one_value_error_before_tensorflow(plan, message):
 
 
 def test_other_knobs_are_checked():
-    for kwargs, message in [({"num_devices": 0}, "num_devices"), ({"num_micro_batches": 0}, "num_micro_batches"),
-                            ({"data_parallel": "parameter_server"}, "data_parallel")]:
+    for kwargs, message in [
+        ({"num_devices": 0}, "num_devices"),
+        ({"num_micro_batches": 0}, "num_micro_batches"),
+        ({"data_parallel": "parameter_server"}, "data_parallel"),
+    ]:
         with pytest.raises(ValueError, match=message):
             ModelParallel(**kwargs)
 
@@ -82,6 +91,7 @@ def test_auto_balances_contiguous_stages_by_bytes():
 def test_model_parallel_lm_configs_parse():
     from tfdist_trainer import config
     from tfdist_trainer.strategies import MultiWorkerMirrored
+
     for name, devices in [("2_devices", 2), ("4_devices", 4), ("8_devices", 8)]:
         experiment = config.load_experiment([f"{REPO}/configs/model_parallel_lm/{name}.gin"], [])
         strategy = experiment.strategy_config
@@ -89,30 +99,77 @@ def test_model_parallel_lm_configs_parse():
         assert strategy.gpu_memory_growth and strategy.num_micro_batches == 4
         assert experiment.mixed_precision == "mixed_bfloat16"
     experiment = config.load_experiment(
-        [f"{REPO}/configs/model_parallel_lm/tiny.gin", f"{REPO}/configs/strategies/model_parallel.gin"],
-        ["model_parallel.data_parallel = 'multi_worker_mirrored'"])
+        [
+            f"{REPO}/configs/model_parallel_lm/tiny.gin",
+            f"{REPO}/configs/strategies/model_parallel.gin",
+        ],
+        ["model_parallel.data_parallel = 'multi_worker_mirrored'"],
+    )
     assert isinstance(experiment.strategy_config._workers, MultiWorkerMirrored)
     assert experiment.strategy_config.launch_layout(num_workers=2, num_ps=0) == {"worker": 2}
 
 
 # -- the CLI ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
     """A few hundred KB of generated text (the same every run): the LM's training data."""
     rng = random.Random(0)
-    words = ("the of and to in is that for it as with was on be by this are from at or an which not have but "
-             "they his model device layer stage batch gradient").split()
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(5, 14))).capitalize() + "." for _ in range(3000)]
+    words = [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "that",
+        "for",
+        "it",
+        "as",
+        "with",
+        "was",
+        "on",
+        "be",
+        "by",
+        "this",
+        "are",
+        "from",
+        "at",
+        "or",
+        "an",
+        "which",
+        "not",
+        "have",
+        "but",
+        "they",
+        "his",
+        "model",
+        "device",
+        "layer",
+        "stage",
+        "batch",
+        "gradient",
+    ]
+    lines = [
+        " ".join(rng.choice(words) for _ in range(rng.randint(5, 14))).capitalize() + "."
+        for _ in range(3000)
+    ]
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
     path.write_text("\n".join(lines))
     return str(path)
 
 
-def lm_args(corpus: str, model_dir: str, *bindings: str, strategy: str = "model_parallel") -> list[str]:
-    return [f"--gin_file={REPO}/configs/model_parallel_lm/tiny.gin", strategy_gin(strategy),
-            f"--gin_bindings=TransformerLMTrainer.data_glob='{corpus}'",
-            *[f"--gin_bindings={b}" for b in bindings], f"--model_dir={model_dir}"]
+def lm_args(
+    corpus: str, model_dir: str, *bindings: str, strategy: str = "model_parallel"
+) -> list[str]:
+    return [
+        f"--gin_file={REPO}/configs/model_parallel_lm/tiny.gin",
+        strategy_gin(strategy),
+        f"--gin_bindings=TransformerLMTrainer.data_glob='{corpus}'",
+        *[f"--gin_bindings={b}" for b in bindings],
+        f"--model_dir={model_dir}",
+    ]
 
 
 def train_losses(model_dir: str) -> list[float]:
@@ -129,12 +186,26 @@ def runs(corpus, tmp_path_factory):
     variants = {
         "one_device": lm_args(corpus, str(root / "one_device"), strategy="one_device"),
         "mp2": lm_args(corpus, str(root / "mp2"), f"model_parallel.plan={PLAN_2}"),
-        "mp4_pipelined": lm_args(corpus, str(root / "mp4_pipelined"), "model_parallel.num_devices=4",
-                                 "model_parallel.plan='auto'", "model_parallel.num_micro_batches=4"),
+        "mp4_pipelined": lm_args(
+            corpus,
+            str(root / "mp4_pipelined"),
+            "model_parallel.num_devices=4",
+            "model_parallel.plan='auto'",
+            "model_parallel.num_micro_batches=4",
+        ),
     }
-    procs = {name: subprocess.Popen(train_cmd(*args), env=base_env(), cwd=REPO, text=True, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-             for name, args in variants.items()}
+    procs = {
+        name: subprocess.Popen(
+            train_cmd(*args),
+            env=base_env(),
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for name, args in variants.items()
+    }
     results = {}
     try:
         for name, proc in procs.items():
@@ -170,7 +241,9 @@ def assert_placed(placement: dict, expected: dict[str, str]) -> None:
     assert placement["misplaced"] == []
     by_device = {placement_lib.short_device(d["device"]): d for d in placement["per_device"]}
     assert set(by_device) == set(expected.values())
-    assert sum(d["bytes"] for d in by_device.values()) == sum(r["bytes"] for r in layers.values()) > 0
+    assert (
+        sum(d["bytes"] for d in by_device.values()) == sum(r["bytes"] for r in layers.values()) > 0
+    )
 
 
 @pytest.mark.timeout(300)
@@ -186,8 +259,10 @@ def test_two_devices_place_named_layers_and_match_one_device(runs):
     # The placement table is logged at start: one row per layer, then bytes per device.
     assert "model_parallel placement over 2 device(s)" in mp["output"]
     for layer, device in EXPECTED_2.items():
-        assert any(line.split("]")[-1].split()[:1] == [layer] and line.rstrip().endswith(device)
-                   for line in mp["output"].splitlines()), f"no table row for {layer} on {device}"
+        assert any(
+            line.split("]")[-1].split()[:1] == [layer] and line.rstrip().endswith(device)
+            for line in mp["output"].splitlines()
+        ), f"no table row for {layer} on {device}"
     assert "device CPU:1: 2 layer(s)" in mp["output"]
     reference, losses = train_losses(one["model_dir"]), train_losses(mp["model_dir"])
     assert len(reference) == len(losses) == 2 and reference[-1] < reference[0]
@@ -203,7 +278,9 @@ def test_four_devices_auto_pipelined_place_layers_and_match_one_device(runs):
     placement = load_placement(mp["model_dir"])
     assert placement["plan"] == "auto" and placement["num_micro_batches"] == 4
     assert_placed(placement, EXPECTED_4)
-    optimizer_devices = {placement_lib.short_device(v["device"]) for v in placement["optimizer_variables"]}
+    optimizer_devices = {
+        placement_lib.short_device(v["device"]) for v in placement["optimizer_variables"]
+    }
     assert optimizer_devices <= set(EXPECTED_4.values())
     losses, reference = train_losses(mp["model_dir"]), train_losses(one["model_dir"])
     assert losses == pytest.approx(reference, rel=1e-4)
@@ -224,12 +301,16 @@ def assert_one_error_line(result: subprocess.CompletedProcess, code: int, *fragm
 
 
 def test_plan_naming_a_missing_device_fails_before_tensorflow(corpus, tmp_path):
-    result = run_cli(*lm_args(corpus, str(tmp_path / "m"), "model_parallel.plan={'embed': 0, 'head': 5}"))
+    result = run_cli(
+        *lm_args(corpus, str(tmp_path / "m"), "model_parallel.plan={'embed': 0, 'head': 5}")
+    )
     assert_one_error_line(result, 2, "'head' on device 5", "num_devices=2")
 
 
 def test_plan_pattern_matching_no_layer_is_one_error(corpus, tmp_path):
-    result = run_cli(*lm_args(corpus, str(tmp_path / "m"), "model_parallel.plan={'embed': 0, 'blocks_.*': 1}"))
+    result = run_cli(
+        *lm_args(corpus, str(tmp_path / "m"), "model_parallel.plan={'embed': 0, 'blocks_.*': 1}")
+    )
     assert_one_error_line(result, 2, "pattern 'blocks_.*' matches no layer", "'block_0'")
 
 
@@ -307,7 +388,7 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
 def script_result(output: str) -> dict:
     lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
     assert lines, output[-5000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.mark.timeout(300)
@@ -316,7 +397,12 @@ def test_pipelined_gradients_equal_unpipelined_and_backward_runs_on_each_stage(c
     assert result.returncode == 0, result.stdout[-5000:]
     report = script_result(result.stdout)
     # 4 micro-batches, 3 of unequal size (8 = 3 + 3 + 2), and Trainer.train_step's tape: one gradient.
-    assert report["allclose"] == {"unpipelined": True, "pipelined_4": True, "pipelined_3": True, "tape": True}, report
+    assert report["allclose"] == {
+        "unpipelined": True,
+        "pipelined_4": True,
+        "pipelined_3": True,
+        "tape": True,
+    }, report
     # embed (CPU:0) has no MatMul; block_0, block_1 and head run their backward on their own devices.
     assert set(report["backward_matmul_devices"]) == {"CPU:1", "CPU:2", "CPU:3"}, report
 
@@ -326,8 +412,13 @@ def test_pipelined_gradients_equal_unpipelined_and_backward_runs_on_each_stage(c
 def test_multi_worker_mirrored_workers_each_hold_one_model_parallel_replica(corpus, tmp_path):
     """tfdist-launch --num_workers=2: each worker is one replica whose layers span its 2 logical CPUs."""
     model_dir = str(tmp_path / "model")
-    args = lm_args(corpus, model_dir, f"model_parallel.plan={PLAN_2}", "model_parallel.num_micro_batches=2",
-                   "model_parallel.data_parallel='multi_worker_mirrored'")
+    args = lm_args(
+        corpus,
+        model_dir,
+        f"model_parallel.plan={PLAN_2}",
+        "model_parallel.num_micro_batches=2",
+        "model_parallel.data_parallel='multi_worker_mirrored'",
+    )
     result = clusterlib.run(clusterlib.launch_cmd(["--num_workers=2"], args), timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-8000:]
     assert "strategy model_parallel with 2 replica(s) in sync" in result.stdout

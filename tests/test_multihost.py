@@ -39,21 +39,21 @@ import re
 import subprocess
 import time
 
+import clusterlib
 import pytest
 import tensorflow as tf
-
-import clusterlib
 from clusterlib import FAST_MNIST, REPO, HandCluster, read_records, strategy_gin
 from netlab import VirtualLan
+
 from tfdist_trainer import netns
 
 PORT = 2222
 STEPS = 150
 PSS_STEPS_PER_LOOP = 10
 TIMEOUT_S = 300
-MIN_EVAL_ACCURACY = 0.6   # 150 steps on the digits set reach ~0.9; chance is 0.1
+MIN_EVAL_ACCURACY = 0.6  # 150 steps on the digits set reach ~0.9; chance is 0.1
 
-PARTITION_STEPS = 300     # long enough that the partition lands mid-run on a busy 2-core machine
+PARTITION_STEPS = 300  # long enough that the partition lands mid-run on a busy 2-core machine
 PARTITION_AT_STEP = 60
 PARTITION_S = 6
 
@@ -79,11 +79,13 @@ def make_lan():
     yield make
     for lan in made:
         lan.close()
-    left = [n for lan in made for n in [lan.switch.name, *(ns.name for ns in lan.namespaces.values())]
-            if n in netns.list_namespaces()]
+    left = [
+        n
+        for lan in made
+        for n in [lan.switch.name, *(ns.name for ns in lan.namespaces.values())]
+        if n in netns.list_namespaces()
+    ]
     assert left == [], f"namespaces left behind: {left}"
-
-
 
 
 class LanCluster(HandCluster):
@@ -92,23 +94,31 @@ class LanCluster(HandCluster):
     def __init__(self, lan: VirtualLan, layout: dict[str, int], train_args, log_dir, **kwargs):
         self.lan = lan
         self.host_of = {f"{t}:{i}": f"{t}{i}" for t, n in layout.items() for i in range(n)}
-        cluster = {t: [f"{lan.address(f'{t}{i}')}:{PORT}" for i in range(n)] for t, n in layout.items()}
+        cluster = {
+            t: [f"{lan.address(f'{t}{i}')}:{PORT}" for i in range(n)] for t, n in layout.items()
+        }
         super().__init__(cluster, train_args, log_dir, **kwargs)
 
     def start(self, task_type: str, index: int) -> subprocess.Popen:
         role = f"{task_type}:{index}"
         args, env = self._args_for(task_type, index)
-        log = open(os.path.join(self.log_dir, f"{task_type}-{index}.log"), "w")
+        log = open(os.path.join(self.log_dir, f"{task_type}-{index}.log"), "w")  # noqa: SIM115 (lives as long as the task)
         cmd = [*self.lan.exec_prefix(self.host_of[role]), *clusterlib.train_cmd(*args)]
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.procs[role] = proc
         return proc
 
 
 def mnist_args(strategy: str, model_dir: str, steps: int, *extra: str) -> list[str]:
-    args = [*FAST_MNIST, strategy_gin(strategy), f"--gin_bindings=train.train_steps={steps}",
-            f"--model_dir={model_dir}", *extra]
+    args = [
+        *FAST_MNIST,
+        strategy_gin(strategy),
+        f"--gin_bindings=train.train_steps={steps}",
+        f"--model_dir={model_dir}",
+        *extra,
+    ]
     if strategy == "parameter_server":
         args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
     return args
@@ -118,16 +128,18 @@ def hosts_of(layout: dict[str, int]) -> list[str]:
     return [f"{t}{i}" for t, n in layout.items() for i in range(n)]
 
 
-
-
 def assert_finished(model_dir: str, steps: int, context: str) -> list[dict]:
     records = read_records(model_dir)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
     assert train, f"no train records in {model_dir}\n{context[-6000:]}"
     train_steps = [r["step"] for r in train]
-    assert train_steps == sorted(set(train_steps)), f"one writer, steps strictly increasing: {train_steps}"
-    assert train_steps[-1] == steps, f"last train record at {train_steps[-1]}, want {steps}\n{context[-4000:]}"
+    assert train_steps == sorted(set(train_steps)), (
+        f"one writer, steps strictly increasing: {train_steps}"
+    )
+    assert train_steps[-1] == steps, (
+        f"last train record at {train_steps[-1]}, want {steps}\n{context[-4000:]}"
+    )
     assert train[0]["loss"] > train[-1]["loss"], [r["loss"] for r in train]
     assert evals and evals[-1]["step"] == steps, evals
     assert evals[-1]["eval_accuracy"] > MIN_EVAL_ACCURACY, evals[-1]
@@ -137,14 +149,26 @@ def assert_finished(model_dir: str, steps: int, context: str) -> list[dict]:
     return train
 
 
-def run_lan_cluster(make_lan, tmp_path, strategy: str, layout: dict[str, int], *, use_flags: bool) -> str:
+def run_lan_cluster(
+    make_lan, tmp_path, strategy: str, layout: dict[str, int], *, use_flags: bool
+) -> str:
     lan = make_lan(hosts_of(layout))
     model_dir = str(tmp_path / "model")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
-    per_task = {t: ["--chief_gone_grace_s=5"] for t in ("ps", "worker")} if strategy == "parameter_server" else {}
-    hand = LanCluster(lan, layout, mnist_args(strategy, model_dir, STEPS), str(log_dir),
-                      per_task_args=per_task, use_flags=use_flags)
+    per_task = (
+        {t: ["--chief_gone_grace_s=5"] for t in ("ps", "worker")}
+        if strategy == "parameter_server"
+        else {}
+    )
+    hand = LanCluster(
+        lan,
+        layout,
+        mnist_args(strategy, model_dir, STEPS),
+        str(log_dir),
+        per_task_args=per_task,
+        use_flags=use_flags,
+    )
     try:
         hand.start_all()
         codes = hand.wait_all(timeout=TIMEOUT_S)
@@ -162,15 +186,18 @@ def run_lan_cluster(make_lan, tmp_path, strategy: str, layout: dict[str, int], *
 @pytest.mark.cluster
 def test_parameter_server_across_four_hosts(make_lan, tmp_path):
     """chief, 2 workers and 1 ps, each in its own namespace, started with the classic flags."""
-    logs = run_lan_cluster(make_lan, tmp_path, "parameter_server", {"chief": 1, "worker": 2, "ps": 1},
-                           use_flags=True)
+    logs = run_lan_cluster(
+        make_lan, tmp_path, "parameter_server", {"chief": 1, "worker": 2, "ps": 1}, use_flags=True
+    )
     assert "strategy parameter_server with 1 replica(s) in sync" in logs
 
 
 @pytest.mark.cluster
 def test_multi_worker_mirrored_across_two_hosts(make_lan, tmp_path):
     """2 synchronous workers in two namespaces, each with its own TF_CONFIG."""
-    logs = run_lan_cluster(make_lan, tmp_path, "multi_worker_mirrored", {"worker": 2}, use_flags=False)
+    logs = run_lan_cluster(
+        make_lan, tmp_path, "multi_worker_mirrored", {"worker": 2}, use_flags=False
+    )
     assert "strategy multi_worker_mirrored with 2 replica(s) in sync" in logs
 
 
@@ -183,9 +210,16 @@ def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
     model_dir = str(tmp_path / "model")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
-    args = mnist_args("parameter_server", model_dir, PARTITION_STEPS, "--gin_bindings=train.log_every_n_steps=20")
-    hand = LanCluster(lan, layout, args, str(log_dir),
-                      per_task_args={t: ["--chief_gone_grace_s=30"] for t in ("ps", "worker")})
+    args = mnist_args(
+        "parameter_server", model_dir, PARTITION_STEPS, "--gin_bindings=train.log_every_n_steps=20"
+    )
+    hand = LanCluster(
+        lan,
+        layout,
+        args,
+        str(log_dir),
+        per_task_args={t: ["--chief_gone_grace_s=30"] for t in ("ps", "worker")},
+    )
     try:
         hand.start_all()
         cut_at = hand.wait_for_train_step(model_dir, PARTITION_AT_STEP, TIMEOUT_S)
@@ -201,17 +235,28 @@ def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
     train = assert_finished(model_dir, PARTITION_STEPS, logs)
     before = [r for r in train if r["time"] <= cut_at]
     after = [r for r in train if r["time"] > healed_at]
-    assert before and before[-1]["step"] < PARTITION_STEPS, "the partition came after training ended"
+    assert before and before[-1]["step"] < PARTITION_STEPS, (
+        "the partition came after training ended"
+    )
     assert after, f"no progress after the link came back: {[(r['step'], r['time']) for r in train]}"
     chief_log = hand.log("chief:0")
-    assert "restored" not in chief_log, "the chief restarted although only a worker's link went down"
+    assert "restored" not in chief_log, (
+        "the chief restarted although only a worker's link went down"
+    )
     assert f"training done at step {PARTITION_STEPS}" in chief_log
-    assert "the chief marked training done" in hand.log("worker:1"), "worker:1 did not serve to the end"
+    assert "the chief marked training done" in hand.log("worker:1"), (
+        "worker:1 did not serve to the end"
+    )
     resumed = next(r for r in train if r["time"] > cut_at and r["step"] > before[-1]["step"])
-    how = ("the coordinator re-ran worker:1's closure on worker:0" if "Putting back a closure" in chief_log
-           else "the coordinator waited for the link (no failure detected)")
-    print(f"\n[multihost] worker:1 cut off at step {before[-1]['step']} for {PARTITION_S}s; next record "
-          f"{resumed['time'] - cut_at:.1f}s after the cut; {how}")
+    how = (
+        "the coordinator re-ran worker:1's closure on worker:0"
+        if "Putting back a closure" in chief_log
+        else "the coordinator waited for the link (no failure detected)"
+    )
+    print(
+        f"\n[multihost] worker:1 cut off at step {before[-1]['step']} for {PARTITION_S}s; next record "
+        f"{resumed['time'] - cut_at:.1f}s after the cut; {how}"
+    )
 
 
 STALL_TIMEOUT_S = 20
@@ -227,11 +272,21 @@ def test_parameter_server_watchdog_ends_a_stall_and_a_restart_resumes(make_lan, 
     model_dir = str(tmp_path / "model")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
-    args = mnist_args("parameter_server", model_dir, PARTITION_STEPS, "--gin_bindings=train.log_every_n_steps=20",
-                      "--gin_bindings=train.checkpoint_every_n_steps=40",
-                      f"--gin_bindings=parameter_server.stall_timeout_s={STALL_TIMEOUT_S}")
-    hand = LanCluster(lan, layout, args, str(log_dir),
-                      per_task_args={t: ["--chief_gone_grace_s=120"] for t in ("ps", "worker")})
+    args = mnist_args(
+        "parameter_server",
+        model_dir,
+        PARTITION_STEPS,
+        "--gin_bindings=train.log_every_n_steps=20",
+        "--gin_bindings=train.checkpoint_every_n_steps=40",
+        f"--gin_bindings=parameter_server.stall_timeout_s={STALL_TIMEOUT_S}",
+    )
+    hand = LanCluster(
+        lan,
+        layout,
+        args,
+        str(log_dir),
+        per_task_args={t: ["--chief_gone_grace_s=120"] for t in ("ps", "worker")},
+    )
     try:
         hand.start_all()
         hand.wait_for_train_step(model_dir, PARTITION_AT_STEP, TIMEOUT_S)
@@ -252,24 +307,33 @@ def test_parameter_server_watchdog_ends_a_stall_and_a_restart_resumes(make_lan, 
     finally:
         hand.kill_all()
     logs = hand.logs()
-    assert chief_code == 200, f"the stalled chief exited {chief_code}, want 200\n{first_log[-5000:]}"
+    assert chief_code == 200, (
+        f"the stalled chief exited {chief_code}, want 200\n{first_log[-5000:]}"
+    )
     # A save registers a function on every task, the silent one too, and would hang: the chief keeps
     # the last periodic checkpoint instead, and says so.
-    found = re.search(rf"error: no scheduled step loop finished for {STALL_TIMEOUT_S}s; silent: worker:1 "
-                      rf"\(10\.231\.0\.\d+:{PORT}\).*; (no checkpoint was written \(a save must reach every "
-                      rf"worker\); the last checkpoint \(step \d+\) is kept); exiting with code 200 \(retryable\)", first_log)
+    found = re.search(
+        rf"error: no scheduled step loop finished for {STALL_TIMEOUT_S}s; silent: worker:1 "
+        rf"\(10\.231\.0\.\d+:{PORT}\).*; (no checkpoint was written \(a save must reach every "
+        rf"worker\); the last checkpoint \(step \d+\) is kept); exiting with code 200 \(retryable\)",
+        first_log,
+    )
     assert found, first_log[-5000:]
     assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
     restored = [int(s) for s in re.findall(r"restored \S+ \(step (\d+)\)", hand.log("chief:0"))]
     assert len(restored) == 1 and restored[0] > 0, f"the restarted chief did not resume: {restored}"
     records = read_records(model_dir)
     last_before = max(r["step"] for r in records if r["kind"] == "train" and r["time"] <= cut_at)
-    assert restored[0] >= last_before - 40, f"resumed from {restored[0]}, more than a checkpoint interval back"
+    assert restored[0] >= last_before - 40, (
+        f"resumed from {restored[0]}, more than a checkpoint interval back"
+    )
     train = [r for r in records if r["kind"] == "train" and r["time"] > restarted_at]
     assert train and train[-1]["step"] == PARTITION_STEPS, train
     latest = tf.train.latest_checkpoint(model_dir)
     assert latest is not None and latest.endswith(f"ckpt-{PARTITION_STEPS}"), latest
-    print(f"\n[multihost] worker:1 partitioned at step {last_before}; the chief gave up after {stalled_s:.1f}s "
-          f"(stall_timeout_s={STALL_TIMEOUT_S}): {found.group(1)}; restarted chief resumed from step "
-          f"{restored[0]} (steps lost {max(0, last_before - restored[0])}); first record "
-          f"{train[0]['time'] - restarted_at:.1f}s after the restart")
+    print(
+        f"\n[multihost] worker:1 partitioned at step {last_before}; the chief gave up after {stalled_s:.1f}s "
+        f"(stall_timeout_s={STALL_TIMEOUT_S}): {found.group(1)}; restarted chief resumed from step "
+        f"{restored[0]} (steps lost {max(0, last_before - restored[0])}); first record "
+        f"{train[0]['time'] - restarted_at:.1f}s after the restart"
+    )

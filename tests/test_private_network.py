@@ -27,24 +27,26 @@ import stat
 import subprocess
 import time
 
-import pytest
-
 import clusterlib
+import pytest
 from clusterlib import FAST_MNIST, REPO, launch_cmd, read_records, strategy_gin
 from netlab import VirtualLan, connect, connect_in_netns_of
+
 from tfdist_trainer import netns
 
 STEPS = 150
 TIMEOUT_S = 240
-CANARY = "tfdist-canary-9f3c1d"   # an environment value that must appear in no log
+CANARY = "tfdist-canary-9f3c1d"  # an environment value that must appear in no log
 _STARTED = re.compile(r"^\[launch\] started (\S+) \(pid (\d+), 127\.0\.0\.1:(\d+)\)", re.M)
 _NAMESPACE = re.compile(r"^\[launch\] private network: namespace (\S+),", re.M)
 
 
-
-
 def _require(method: str) -> None:
-    reason = netns.netns_unavailable_reason() if method == "netns" else netns.unshare_unavailable_reason()
+    reason = (
+        netns.netns_unavailable_reason()
+        if method == "netns"
+        else netns.unshare_unavailable_reason()
+    )
     if reason:
         pytest.skip(f"--private_network_via={method} cannot run here: {reason}")
     if os.geteuid() != 0:
@@ -52,8 +54,12 @@ def _require(method: str) -> None:
 
 
 def mnist_args(model_dir: str) -> list[str]:
-    return [*FAST_MNIST, strategy_gin("multi_worker_mirrored"), f"--gin_bindings=train.train_steps={STEPS}",
-            f"--model_dir={model_dir}"]
+    return [
+        *FAST_MNIST,
+        strategy_gin("multi_worker_mirrored"),
+        f"--gin_bindings=train.train_steps={STEPS}",
+        f"--model_dir={model_dir}",
+    ]
 
 
 class Launch(clusterlib.BackgroundJob):
@@ -62,28 +68,43 @@ class Launch(clusterlib.BackgroundJob):
     timeout_s = TIMEOUT_S
 
     def __init__(self, launch_args: list[str], train_args: list[str], out_path: str):
-        super().__init__(launch_cmd(launch_args, train_args), out_path,
-                         env=clusterlib.base_env({"TFDIST_TEST_CANARY": CANARY}))
+        super().__init__(
+            launch_cmd(launch_args, train_args),
+            out_path,
+            env=clusterlib.base_env({"TFDIST_TEST_CANARY": CANARY}),
+        )
 
     def kill(self) -> None:
         self.stop(grace_s=30)
 
-    def tasks_listening_inside(self, count: int, timeout: float = TIMEOUT_S) -> dict[str, tuple[int, int]]:
+    def tasks_listening_inside(
+        self, count: int, timeout: float = TIMEOUT_S
+    ) -> dict[str, tuple[int, int]]:
         """Waits until `count` tasks were started and each accepts a connection inside its namespace."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            tasks = {role: (int(pid), int(port)) for role, pid, port in _STARTED.findall(self.output())}
-            if len(tasks) >= count and all(connect_in_netns_of(pid, "127.0.0.1", port, timeout=0.5) == 0
-                                           for pid, port in tasks.values()):
+            tasks = {
+                role: (int(pid), int(port)) for role, pid, port in _STARTED.findall(self.output())
+            }
+            if len(tasks) >= count and all(
+                connect_in_netns_of(pid, "127.0.0.1", port, timeout=0.5) == 0
+                for pid, port in tasks.values()
+            ):
                 return tasks
             if self.proc.poll() is not None:
-                raise AssertionError(f"the launcher exited ({self.proc.returncode}) before its tasks listened:\n"
-                                     f"{self.output()[-6000:]}")
+                raise AssertionError(
+                    f"the launcher exited ({self.proc.returncode}) before its tasks listened:\n"
+                    f"{self.output()[-6000:]}"
+                )
             time.sleep(0.2)
-        raise AssertionError(f"the tasks did not listen within {timeout}s:\n{self.output()[-6000:]}")
+        raise AssertionError(
+            f"the tasks did not listen within {timeout}s:\n{self.output()[-6000:]}"
+        )
 
 
-def assert_unreachable_from_host(tasks: dict[str, tuple[int, int]], output: str, within_s: float = 20) -> None:
+def assert_unreachable_from_host(
+    tasks: dict[str, tuple[int, int]], output: str, within_s: float = 20
+) -> None:
     """Every task's port refuses the host's namespace, and accepts inside its own at (about) the same moment.
 
     A multi_worker_mirrored task lets go of its port for an instant when TF's
@@ -91,17 +112,23 @@ def assert_unreachable_from_host(tasks: dict[str, tuple[int, int]], output: str,
     must fail every time.
     """
     for role, (pid, port) in tasks.items():
-        assert netns.netns_inode(pid) != netns.netns_inode(), f"{role} runs in the host's network namespace"
+        assert netns.netns_inode(pid) != netns.netns_inode(), (
+            f"{role} runs in the host's network namespace"
+        )
         deadline = time.monotonic() + within_s
         while True:
             from_host = connect("127.0.0.1", port, timeout=1.0)
-            assert from_host != 0, f"{role}'s port {port} is reachable from the host's namespace:\n{output[-4000:]}"
+            assert from_host != 0, (
+                f"{role}'s port {port} is reachable from the host's namespace:\n{output[-4000:]}"
+            )
             assert from_host == errno.ECONNREFUSED, errno.errorcode.get(from_host, from_host)
             inside = connect_in_netns_of(pid, "127.0.0.1", port, timeout=1.0)
             if inside == 0:
                 break
-            assert time.monotonic() < deadline, f"{role} does not listen inside its namespace: " \
-                                                f"{errno.errorcode.get(inside, inside)}"
+            assert time.monotonic() < deadline, (
+                f"{role} does not listen inside its namespace: "
+                f"{errno.errorcode.get(inside, inside)}"
+            )
             time.sleep(0.1)
 
 
@@ -121,7 +148,9 @@ def assert_no_environment_logged(output: str, model_dir: str) -> None:
     for root, _, files in os.walk(model_dir):
         for name in files:
             with open(os.path.join(root, name), "rb") as f:
-                assert CANARY.encode() not in f.read(), f"{os.path.join(root, name)} contains an environment value"
+                assert CANARY.encode() not in f.read(), (
+                    f"{os.path.join(root, name)} contains an environment value"
+                )
 
 
 @pytest.mark.cluster
@@ -129,8 +158,11 @@ def test_private_network_netns_trains_and_hides_ports(tmp_path):
     """As root: `ip netns` namespace; ports unreachable from the host while training; deleted at the end."""
     _require("netns")
     model_dir = str(tmp_path / "model")
-    job = Launch(["--num_workers=2", "--private_network", "--private_network_via=netns"], mnist_args(model_dir),
-                 str(tmp_path / "launch.out"))
+    job = Launch(
+        ["--num_workers=2", "--private_network", "--private_network_via=netns"],
+        mnist_args(model_dir),
+        str(tmp_path / "launch.out"),
+    )
     try:
         tasks = job.tasks_listening_inside(2)
         assert_unreachable_from_host(tasks, job.output())
@@ -158,13 +190,16 @@ def test_private_network_unshare_hides_ports_and_ctrl_c_cleans_up(tmp_path):
     """`unshare -rn` (no root needed): ports unreachable from the host; Ctrl-C stops everything (130)."""
     _require("unshare")
     model_dir = str(tmp_path / "model")
-    job = Launch(["--num_workers=2", "--private_network", "--private_network_via=unshare", "--grace_s=3"],
-                 mnist_args(model_dir), str(tmp_path / "launch.out"))
+    job = Launch(
+        ["--num_workers=2", "--private_network", "--private_network_via=unshare", "--grace_s=3"],
+        mnist_args(model_dir),
+        str(tmp_path / "launch.out"),
+    )
     try:
         tasks = job.tasks_listening_inside(2)
         assert_unreachable_from_host(tasks, job.output())
         inode = netns.netns_inode(next(iter(tasks.values()))[0])
-        os.kill(job.proc.pid, signal.SIGINT)   # what Ctrl-C sends to the launcher
+        os.kill(job.proc.pid, signal.SIGINT)  # what Ctrl-C sends to the launcher
         code = job.wait(timeout=60)
     finally:
         job.kill()
@@ -172,18 +207,25 @@ def test_private_network_unshare_hides_ports_and_ctrl_c_cleans_up(tmp_path):
     assert code == 128 + signal.SIGINT, f"exit {code}, want 130:\n{out[-6000:]}"
     assert "received SIGINT; stopping the cluster" in out, out[-4000:]
     assert clusterlib.no_process_left(model_dir) == []
-    assert inode is None or netns.pids_in_netns(inode) == [], "processes are left in the private network"
+    assert inode is None or netns.pids_in_netns(inode) == [], (
+        "processes are left in the private network"
+    )
     assert_no_environment_logged(out, model_dir)
 
 
 # -- errors, before anything starts ------------------------------------------------------
 
+
 def test_private_network_rejects_another_host(tmp_path):
     model_dir = str(tmp_path / "model")
-    r = clusterlib.run(launch_cmd(["--private_network", "--host=10.0.0.5"], mnist_args(model_dir)), timeout=60)
+    r = clusterlib.run(
+        launch_cmd(["--private_network", "--host=10.0.0.5"], mnist_args(model_dir)), timeout=60
+    )
     assert r.returncode == 2, r.stdout[-3000:]
     errors = [line for line in r.stdout.splitlines() if line.startswith("[launch] error:")]
-    assert len(errors) == 1 and "--host=10.0.0.5" in errors[0] and "only loopback" in errors[0], r.stdout
+    assert len(errors) == 1 and "--host=10.0.0.5" in errors[0] and "only loopback" in errors[0], (
+        r.stdout
+    )
     assert "Traceback" not in r.stdout
     assert not os.path.exists(model_dir)
 
@@ -194,8 +236,14 @@ def test_private_network_names_why_it_cannot_run(tmp_path):
     if os.geteuid() != 0 or setpriv is None:
         pytest.skip("needs root and util-linux's setpriv to run the launcher as another user")
     model_dir = str(tmp_path / "model")
-    cmd = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-           *launch_cmd(["--private_network", "--private_network_via=netns"], mnist_args(model_dir))]
+    cmd = [
+        setpriv,
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        *launch_cmd(["--private_network", "--private_network_via=netns"], mnist_args(model_dir)),
+    ]
     r = clusterlib.run(cmd, timeout=60)
     if "Permission denied" in r.stdout and "[launch]" not in r.stdout:
         pytest.skip(f"user nobody cannot run this checkout's Python: {r.stdout[-500:]}")
@@ -209,6 +257,7 @@ def test_private_network_names_why_it_cannot_run(tmp_path):
 
 # -- the namespace helpers -----------------------------------------------------------------
 
+
 def test_namespaces_are_deleted_and_stale_ones_swept():
     reason = netns.netns_unavailable_reason()
     if reason:
@@ -219,7 +268,7 @@ def test_namespaces_are_deleted_and_stale_ones_swept():
     assert ns.name not in netns.list_namespaces()
     ns.delete()  # twice is fine
     # A namespace whose creator is gone (pid 1 never ends, so fake a dead pid) is swept.
-    dead_pid = 2 ** 22 + 17
+    dead_pid = 2**22 + 17
     stale = netns.Namespace(name=f"{netns.PREFIX}unit-{dead_pid}-abcdef")
     stale.create()
     try:
@@ -239,9 +288,13 @@ def test_virtual_lan_stays_inside_its_namespaces():
         assert lan.address("b") == "10.231.0.2"
         host_addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
         assert "10.231.0." not in host_addrs
-        after = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.count("\n")
+        after = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.count(
+            "\n"
+        )
         assert after == before, "the LAN added a link to the host's namespace"
-        inside = subprocess.run([*lan.exec_prefix("a"), "ip", "-o", "addr"], capture_output=True, text=True).stdout
+        inside = subprocess.run(
+            [*lan.exec_prefix("a"), "ip", "-o", "addr"], capture_output=True, text=True
+        ).stdout
         assert "10.231.0.1/24" in inside
         names = [lan.switch.name, *(ns.name for ns in lan.namespaces.values())]
     assert not set(names) & set(netns.list_namespaces())
@@ -251,11 +304,19 @@ def test_bring_loopback_up_in_a_fresh_namespace():
     reason = netns.unshare_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    code = ("import socket; from tfdist_trainer import netns\n"
-            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
-            "try:\n    socket.create_connection(s.getsockname(), timeout=1); print('up before')\n"
-            "except OSError: pass\n"
-            "netns.bring_loopback_up(); socket.create_connection(s.getsockname(), timeout=1); print('ok')\n")
-    r = subprocess.run(["unshare", "-rn", clusterlib.PYTHON, "-c", code], capture_output=True, text=True,
-                       cwd=REPO, env=clusterlib.base_env(), timeout=60)
+    code = (
+        "import socket; from tfdist_trainer import netns\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "try:\n    socket.create_connection(s.getsockname(), timeout=1); print('up before')\n"
+        "except OSError: pass\n"
+        "netns.bring_loopback_up(); socket.create_connection(s.getsockname(), timeout=1); print('ok')\n"
+    )
+    r = subprocess.run(
+        ["unshare", "-rn", clusterlib.PYTHON, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=clusterlib.base_env(),
+        timeout=60,
+    )
     assert r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -21,13 +21,13 @@ import subprocess
 import sys
 import textwrap
 
+import clusterlib
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import clusterlib
 from clusterlib import REPO, launch_cmd, read_records, strategy_gin
+
 from recipes.sharded_embedding import data as click_data
 from tfdist_trainer import layers
 
@@ -46,12 +46,17 @@ def logical_table(layer) -> np.ndarray:
 
 # -- layers, in process ------------------------------------------------------------
 
+
 @pytest.mark.parametrize("partition_strategy", ["div", "mod"])
 @pytest.mark.parametrize("num_shards", [1, 3, 7])
 def test_lookup_matches_dense_reference(partition_strategy, num_shards):
-    layer = layers.ShardedEmbedding(23, 4, num_shards=num_shards, partition_strategy=partition_strategy)
+    layer = layers.ShardedEmbedding(
+        23, 4, num_shards=num_shards, partition_strategy=partition_strategy
+    )
     layer.build()
-    assert [v.shape[0] for v in layer.shards] == [layer.sharded_table.layout.rows(i) for i in range(num_shards)]
+    assert [v.shape[0] for v in layer.shards] == [
+        layer.sharded_table.layout.rows(i) for i in range(num_shards)
+    ]
     assert sum(v.shape[0] for v in layer.shards) == 23
     ids = tf.constant([[0, 22, 5], [5, 5, 11], [21, 1, 0]], tf.int64)  # repeats, both ends
     np.testing.assert_array_equal(layer(ids).numpy(), logical_table(layer)[ids.numpy()])
@@ -71,7 +76,9 @@ def test_gradient_is_indexed_slices_and_equals_dense_gradient(partition_strategy
 
     dense = tf.Variable(logical_table(layer))
     with tf.GradientTape() as tape:
-        reference = tf.convert_to_tensor(tape.gradient(tf.reduce_sum(tf.gather(dense, ids) * weights), dense))
+        reference = tf.convert_to_tensor(
+            tape.gradient(tf.reduce_sum(tf.gather(dense, ids) * weights), dense)
+        )
     got = np.zeros((10, 3), np.float32)
     for i, g in enumerate(grads):
         got[layer.sharded_table.layout.logical_rows(i)] = tf.convert_to_tensor(g).numpy()
@@ -86,14 +93,17 @@ def test_more_shards_than_rows_is_one_clear_error():
 
 def test_out_of_range_id_names_the_table():
     layer = layers.ShardedEmbedding(10, 2, num_shards=2, name="ids_table")
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids_table/embeddings: ids must be < 10"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"ids_table/embeddings: ids must be < 10"
+    ):
         layer(tf.constant([3, 10]))
 
 
 def _click_model(num_shards: int, partition_strategy: str, optimizer_cls):
     ids = keras.Input((2,), dtype="int64")
-    rows = layers.ShardedEmbedding(37, 3, num_shards=num_shards, partition_strategy=partition_strategy,
-                                   name="table")(ids)
+    rows = layers.ShardedEmbedding(
+        37, 3, num_shards=num_shards, partition_strategy=partition_strategy, name="table"
+    )(ids)
     out = keras.layers.Dense(1, name="out")(keras.layers.Flatten()(rows))
     model = keras.Model(ids, out)
     optimizer = optimizer_cls(learning_rate=0.3)
@@ -110,11 +120,14 @@ def _train_step(model, optimizer, ids):
 
 
 @pytest.mark.parametrize("optimizer_cls", [layers.SparseAdagrad, layers.SGD])
-@pytest.mark.parametrize("before, after", [((2, "div"), (3, "div")), ((2, "mod"), (3, "div")),
-                                           ((3, "div"), (2, "mod"))])
+@pytest.mark.parametrize(
+    "before, after", [((2, "div"), (3, "div")), ((2, "mod"), (3, "div")), ((3, "div"), (2, "mod"))]
+)
 def test_checkpoint_reshards_exactly(tmp_path, monkeypatch, optimizer_cls, before, after):
     """2 -> 3 shards (and div <-> mod): the restored table, optimizer slots and next step are identical."""
-    monkeypatch.setattr(layers, "_CHECKPOINT_SLICE_BYTES", 5 * 3 * 4)  # "mod" tables save in several slices
+    monkeypatch.setattr(
+        layers, "_CHECKPOINT_SLICE_BYTES", 5 * 3 * 4
+    )  # "mod" tables save in several slices
     ids = tf.constant([[1, 2], [36, 1], [7, 20], [2, 2]], tf.int64)
     model, optimizer = _click_model(*before, optimizer_cls)
     for _ in range(3):
@@ -123,12 +136,16 @@ def test_checkpoint_reshards_exactly(tmp_path, monkeypatch, optimizer_cls, befor
     keys = [k for k, _ in tf.train.list_variables(path)]
     assert not any("_shard_" in k or "_trainable_variables" in k for k in keys), keys
     table_key = next(k for k in keys if k.startswith("model/") and k.endswith("/table"))
-    np.testing.assert_array_equal(tf.train.load_checkpoint(path).get_tensor(table_key), logical_table(model.layers[1]))
+    np.testing.assert_array_equal(
+        tf.train.load_checkpoint(path).get_tensor(table_key), logical_table(model.layers[1])
+    )
 
     expected_table = logical_table(model.layers[1])
     expected_loss = _train_step(model, optimizer, ids)
     restored, restored_optimizer = _click_model(*after, optimizer_cls)
-    tf.train.Checkpoint(model=restored, optimizer=restored_optimizer).restore(path).assert_existing_objects_matched()
+    tf.train.Checkpoint(model=restored, optimizer=restored_optimizer).restore(
+        path
+    ).assert_existing_objects_matched()
     assert len(restored.layers[1].shards) == after[0]
     np.testing.assert_array_equal(logical_table(restored.layers[1]), expected_table)
     assert _train_step(restored, restored_optimizer, ids) == expected_loss
@@ -153,15 +170,21 @@ def test_sparse_adagrad_matches_keras_adagrad():
 
 @pytest.mark.parametrize("partition_strategy", ["div", "mod"])
 def test_sharded_softmax_matches_dense_reference(partition_strategy):
-    softmax = layers.ShardedSoftmax(50, num_shards=4, partition_strategy=partition_strategy,
-                                    kernel_initializer=keras.initializers.RandomNormal(seed=1))
+    softmax = layers.ShardedSoftmax(
+        50,
+        num_shards=4,
+        partition_strategy=partition_strategy,
+        kernel_initializer=keras.initializers.RandomNormal(seed=1),
+    )
     x = tf.random.stateless_normal([6, 5], seed=[3, 4])
     logits = softmax(x)
     kernel = logical_table(softmax)
     bias = tf.random.stateless_normal([50], seed=[5, 6])
     for i, v in enumerate(softmax.bias.variables):  # non-zero bias, shard by shard
         v.assign(tf.gather(bias, softmax.bias.layout.logical_rows(i))[:, None])
-    np.testing.assert_allclose(softmax(x).numpy(), x.numpy() @ kernel.T + bias.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        softmax(x).numpy(), x.numpy() @ kernel.T + bias.numpy(), rtol=1e-5, atol=1e-5
+    )
     assert logits.shape == (6, 50)
 
     labels = tf.constant([0, 49, 7, 7, 30, 2], tf.int64)
@@ -170,8 +193,15 @@ def test_sharded_softmax_matches_dense_reference(partition_strategy):
         loss = softmax.sampled_loss(x, labels, sampled_values=sampled)
     grads = tape.gradient(loss, softmax.trainable_variables)
     assert all(isinstance(g, tf.IndexedSlices) for g in grads)
-    reference = tf.nn.sampled_softmax_loss(weights=tf.constant(kernel), biases=bias, labels=labels[:, None],
-                                           inputs=x, num_sampled=10, num_classes=50, sampled_values=sampled)
+    reference = tf.nn.sampled_softmax_loss(
+        weights=tf.constant(kernel),
+        biases=bias,
+        labels=labels[:, None],
+        inputs=x,
+        num_sampled=10,
+        num_classes=50,
+        sampled_values=sampled,
+    )
     np.testing.assert_allclose(loss.numpy(), reference.numpy(), rtol=1e-5)
 
 
@@ -185,13 +215,18 @@ def test_step_report_sees_only_sparse_access_and_flags_a_dense_optimizer():
         def step(ids):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(model(ids) ** 2)
-            optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+            optimizer.apply_gradients(
+                zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            )
             found.update(layers.step_access_report(tf.compat.v1.get_default_graph(), model))
+
         step(tf.constant([[1, 2]], tf.int64))
         return found
 
     sparse = report(layers.SparseAdagrad(0.1))
-    assert sparse["full_table_ops"] == [] and sparse["sparse_ops"].get("ResourceGather", 0) >= 3, sparse
+    assert sparse["full_table_ops"] == [] and sparse["sparse_ops"].get("ResourceGather", 0) >= 3, (
+        sparse
+    )
     # Negative control: Keras' Adagrad computes sqrt(accumulator + eps) over the whole table.
     dense = report(keras.optimizers.Adagrad(0.1))
     assert dense["full_table_ops"], dense
@@ -203,19 +238,28 @@ def test_ledger_balances_bytes_and_placement_table_reports_them():
     already = tf.Variable(tf.zeros([100]))  # 400 bytes already on ps 0
     ledger.record(already, devices[0])
     plan = ledger.plan([300, 300, 100, 100], devices)
-    load = {d: (400 if d == devices[0] else 0) + sum(s for s, p in zip([300, 300, 100, 100], plan) if p == d)
-            for d in devices}
+    load = {
+        d: (400 if d == devices[0] else 0)
+        + sum(s for s, p in zip([300, 300, 100, 100], plan) if p == d)
+        for d in devices
+    }
     assert load[devices[0]] == load[devices[1]] == 600, plan
 
     layer = layers.ShardedEmbedding(10, 4, num_shards=2, name="placed")
     layer.build()
     text = layers.placement_table(layer)
-    assert "placed/embeddings_shard_0" in text and "5x4" in text and "80" in text and "bytes per task" in text
+    assert (
+        "placed/embeddings_shard_0" in text
+        and "5x4" in text
+        and "80" in text
+        and "bytes per task" in text
+    )
     records = layers.placement_records(layer)
     assert [r["bytes"] for r in records["variables"]] == [80, 80]
 
 
 # -- data ---------------------------------------------------------------------------
+
 
 def test_synthetic_clicks_are_deterministic_and_learnable():
     generator = click_data.SyntheticClicks([500, 50], num_dense=4, seed=3)
@@ -228,21 +272,29 @@ def test_synthetic_clicks_are_deterministic_and_learnable():
     for features, labels in first:
         auc.update_state(labels, generator.oracle_logits(features))
     assert 0.65 < float(auc.result()) < 0.95  # two features only: the oracle is ~0.73
-    two_workers = [list(generator.dataset(128, num_batches=8, pipeline_id=p, num_pipelines=2)) for p in (0, 1)]
+    two_workers = [
+        list(generator.dataset(128, num_batches=8, pipeline_id=p, num_pipelines=2)) for p in (0, 1)
+    ]
     np.testing.assert_array_equal(two_workers[1][0][0]["categorical"], first[1][0]["categorical"])
 
 
 def test_criteo_reader_parses_and_hashes(tmp_path):
-    rows = ["1\t5\t\t3\t-1" + "\t0" * 9 + "\t68fd1e64\t\t" + "\t".join(["aa"] * 24),
-            "0" + "\t1" * 13 + "\t" + "\t".join(["05db9164"] * 26)]
+    rows = [
+        "1\t5\t\t3\t-1" + "\t0" * 9 + "\t68fd1e64\t\t" + "\t".join(["aa"] * 24),
+        "0" + "\t1" * 13 + "\t" + "\t".join(["05db9164"] * 26),
+    ]
     path = tmp_path / "day_0.tsv"
     path.write_text("\n".join(rows) + "\n")
     vocab = [1000] * 26
-    (features, labels), = list(click_data.criteo_dataset(str(path), 2, vocab, training=False))
+    ((features, labels),) = list(click_data.criteo_dataset(str(path), 2, vocab, training=False))
     np.testing.assert_array_equal(labels.numpy(), [[1.0], [0.0]])
-    np.testing.assert_allclose(features["dense"][0, :4], [np.log1p(5), 0.0, np.log1p(3), 0.0], rtol=1e-6)
+    np.testing.assert_allclose(
+        features["dense"][0, :4], [np.log1p(5), 0.0, np.log1p(3), 0.0], rtol=1e-6
+    )
     assert features["categorical"].shape == (2, 26)
-    assert int(features["categorical"][0, 0]) == int(tf.strings.to_hash_bucket_fast("68fd1e64", 1000))
+    assert int(features["categorical"][0, 0]) == int(
+        tf.strings.to_hash_bucket_fast("68fd1e64", 1000)
+    )
     assert int(features["categorical"][1, 0]) == int(features["categorical"][1, 25])
 
 
@@ -252,13 +304,27 @@ def test_click_trainer_on_criteo_files_in_process(tmp_path):
     from tfdist_trainer import data as data_lib
     from tfdist_trainer import state as state_lib
 
-    lines = [f"{i % 2}" + "".join(f"\t{(i * 7 + j) % 50}" for j in range(13))
-             + "".join(f"\t{(i * 31 + j * 17) % 9973:08x}" for j in range(26)) for i in range(40)]
+    lines = [
+        f"{i % 2}"
+        + "".join(f"\t{(i * 7 + j) % 50}" for j in range(13))
+        + "".join(f"\t{(i * 31 + j * 17) % 9973:08x}" for j in range(26))
+        for i in range(40)
+    ]
     (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
-    trainer = ClickTrainer(vocab_sizes=[300] * 26, embedding_dim=4, num_shards=3, partition_strategy="mod",
-                           hidden_units=(8,), optimizer="sgd", learning_rate=0.1, data_source="criteo",
-                           criteo_train_files=str(tmp_path / "*.tsv"), criteo_eval_files=str(tmp_path / "train.tsv"),
-                           report_dir=str(tmp_path / "reports"), global_batch_size=8)
+    trainer = ClickTrainer(
+        vocab_sizes=[300] * 26,
+        embedding_dim=4,
+        num_shards=3,
+        partition_strategy="mod",
+        hidden_units=(8,),
+        optimizer="sgd",
+        learning_rate=0.1,
+        data_source="criteo",
+        criteo_train_files=str(tmp_path / "*.tsv"),
+        criteo_eval_files=str(tmp_path / "train.tsv"),
+        report_dir=str(tmp_path / "reports"),
+        global_batch_size=8,
+    )
     state_lib.build_state(trainer, tf.distribute.get_strategy())
     assert len(layers.sharded_layers(trainer.model)) == 26
     assert all(len(layer.shards) == 3 for layer in layers.sharded_layers(trainer.model))
@@ -268,7 +334,9 @@ def test_click_trainer_on_criteo_files_in_process(tmp_path):
     assert features["categorical"].shape == (8, 26) and labels.shape == (8, 1)
     loss = tf.function(trainer.train_step)((features, labels))
     assert np.isfinite(float(loss))
-    assert sum(1 for _ in trainer.build_eval_dataset(data_lib.single_pipeline_context())) == 5  # 40 lines / 8
+    assert (
+        sum(1 for _ in trainer.build_eval_dataset(data_lib.single_pipeline_context())) == 5
+    )  # 40 lines / 8
 
 
 # -- devices: model parallel and mirrored (one subprocess: logical CPUs need a fresh TF) --
@@ -329,24 +397,49 @@ DEVICES_SCRIPT = textwrap.dedent("""
 
 def test_model_parallel_devices_and_mirrored_training():
     env = clusterlib.base_env()
-    proc = subprocess.run([sys.executable, "-c", DEVICES_SCRIPT], cwd=REPO, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", DEVICES_SCRIPT],
+        cwd=REPO,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-5000:]
-    result = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))[len("RESULT "):])
+    result = json.loads(
+        next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[
+            len("RESULT ") :
+        ]
+    )
     placed = result["model_parallel"]
-    assert placed[0].endswith("CPU:0") and placed[1].endswith("CPU:1") and placed[2].endswith("CPU:1"), placed
+    assert (
+        placed[0].endswith("CPU:0") and placed[1].endswith("CPU:1") and placed[2].endswith("CPU:1")
+    ), placed
     assert result["mp_lookup_ok"]
     assert result["mirrored_replicas"] == 2 and len(result["mirrored_devices"]) == 2
-    assert result["mirrored_changed_rows"] == [[1, 2], [10, 11]]  # ids 1, 2 in shard 0; 30, 31 = rows 10, 11 of shard 1
+    assert result["mirrored_changed_rows"] == [
+        [1, 2],
+        [10, 11],
+    ]  # ids 1, 2 in shard 0; 30, 31 = rows 10, 11 of shard 1
 
 
 # -- real clusters -------------------------------------------------------------------
 
+
 def _launch(model_dir: str, num_ps: int, *bindings: str) -> subprocess.CompletedProcess:
-    args = [*TINY, strategy_gin("parameter_server"), f"--model_dir={model_dir}",
-            *[f"--gin_bindings={b}" for b in bindings]]
-    result = clusterlib.run(launch_cmd(["--num_workers=2", f"--num_ps={num_ps}"], args), timeout=TIMEOUT_S)
-    assert result.returncode == 0, f"tfdist-launch exited {result.returncode}:\n{result.stdout[-8000:]}"
+    args = [
+        *TINY,
+        strategy_gin("parameter_server"),
+        f"--model_dir={model_dir}",
+        *[f"--gin_bindings={b}" for b in bindings],
+    ]
+    result = clusterlib.run(
+        launch_cmd(["--num_workers=2", f"--num_ps={num_ps}"], args), timeout=TIMEOUT_S
+    )
+    assert result.returncode == 0, (
+        f"tfdist-launch exited {result.returncode}:\n{result.stdout[-8000:]}"
+    )
     assert clusterlib.no_process_left(model_dir) == []
     return result
 
@@ -372,8 +465,13 @@ FIRST_STEPS, MORE_STEPS = 300, 40
 def two_ps_run(tmp_path_factory):
     """chief + 2 workers + 2 ps, 5 shards per table (not a multiple of 2: the balancer has work to do)."""
     model_dir = str(tmp_path_factory.mktemp("sharded") / "model")
-    result = _launch(model_dir, 2, f"train.train_steps={FIRST_STEPS}", "train.log_every_n_steps=50",
-                     "ClickTrainer.num_shards=5")
+    result = _launch(
+        model_dir,
+        2,
+        f"train.train_steps={FIRST_STEPS}",
+        "train.log_every_n_steps=50",
+        "ClickTrainer.num_shards=5",
+    )
     # Kept now: the 3-ps run of the next test rewrites these files.
     reports = {name: _read_json(model_dir, name) for name in ("placement.json", "step_graph.json")}
     yield model_dir, result, reports
@@ -386,18 +484,31 @@ def test_parameter_server_two_ps_balanced_sparse_and_learns(two_ps_run):
     model_dir, result, reports = two_ps_run
     placement = reports["placement.json"]
     ps_bytes = {t: b for t, b in placement["bytes_per_task"].items() if "/job:ps/" in t}
-    assert sorted(ps_bytes) == ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"], placement["bytes_per_task"]
-    assert max(ps_bytes.values()) <= 1.10 * min(ps_bytes.values()), f"ps bytes not balanced within 10%: {ps_bytes}"
+    assert sorted(ps_bytes) == ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"], placement[
+        "bytes_per_task"
+    ]
+    assert max(ps_bytes.values()) <= 1.10 * min(ps_bytes.values()), (
+        f"ps bytes not balanced within 10%: {ps_bytes}"
+    )
     tasks = _shard_tasks(placement)
-    assert len(tasks) == 6 and len(tasks["table_0"]) == 2, tasks  # the largest table is split over both ps
+    assert len(tasks) == 6 and len(tasks["table_0"]) == 2, (
+        tasks
+    )  # the largest table is split over both ps
     shards = [r for r in placement["variables"] if "_shard_" in r["name"]]
     assert len(shards) == 6 * 5
     # The placement table is in the chief's log too.
-    assert any(line.startswith("[chief:0]") and "ps imbalance" in line for line in result.stdout.splitlines())
+    assert any(
+        line.startswith("[chief:0]") and "ps imbalance" in line
+        for line in result.stdout.splitlines()
+    )
 
     step = reports["step_graph.json"]
-    assert step["full_table_ops"] == [], f"the step touches whole tables: {step['full_table_ops'][:5]}"
-    assert step["sparse_ops"].get("ResourceGather", 0) >= 30, step["sparse_ops"]  # one per shard at least
+    assert step["full_table_ops"] == [], (
+        f"the step touches whole tables: {step['full_table_ops'][:5]}"
+    )
+    assert step["sparse_ops"].get("ResourceGather", 0) >= 30, step[
+        "sparse_ops"
+    ]  # one per shard at least
     assert step["sparse_ops"].get("ResourceScatterSub", 0) >= 30, step["sparse_ops"]
 
     records = read_records(model_dir)
@@ -417,19 +528,25 @@ def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
     last_eval = [r for r in before if r["kind"] == "eval"][-1]
     first_train = [r for r in before if r["kind"] == "train"][0]
 
-    result = _launch(model_dir, 3, f"train.train_steps={FIRST_STEPS + MORE_STEPS}", "train.log_every_n_steps=20")
+    result = _launch(
+        model_dir, 3, f"train.train_steps={FIRST_STEPS + MORE_STEPS}", "train.log_every_n_steps=20"
+    )
     assert f"(step {FIRST_STEPS})" in result.stdout and "restored" in result.stdout
     placement = _read_json(model_dir, "placement.json")
     ps_tasks = {t for t in placement["bytes_per_task"] if "/job:ps/" in t}
     assert len(ps_tasks) == 3, placement["bytes_per_task"]
-    assert len([r for r in placement["variables"] if "_shard_" in r["name"]]) == 6 * 3  # 5 -> 3 shards a table
+    assert (
+        len([r for r in placement["variables"] if "_shard_" in r["name"]]) == 6 * 3
+    )  # 5 -> 3 shards a table
 
-    after = read_records(model_dir)[len(before):]
+    after = read_records(model_dir)[len(before) :]
     resumed = [r for r in after if r["kind"] == "train"]
     assert resumed[0]["step"] == FIRST_STEPS + 20, resumed
     # Training goes on from where it was, not from scratch.
     assert abs(resumed[0]["loss"] - last_train["loss"]) < 0.03, (resumed[0], last_train)
-    assert first_train["loss"] - resumed[0]["loss"] > 2 * abs(resumed[0]["loss"] - last_train["loss"])
+    assert first_train["loss"] - resumed[0]["loss"] > 2 * abs(
+        resumed[0]["loss"] - last_train["loss"]
+    )
     final_eval = [r for r in after if r["kind"] == "eval"][-1]
     assert final_eval["eval_loss"] < last_eval["eval_loss"] + 0.01, (final_eval, last_eval)
     assert final_eval["eval_auc"] > last_eval["eval_auc"] - 0.01, (final_eval, last_eval)

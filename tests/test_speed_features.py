@@ -7,13 +7,14 @@ import re
 import keras
 import pytest
 import tensorflow as tf
-
 from clusterlib import FAST_MNIST, read_records, run, strategy_gin, train_cmd
-from tfdist_trainer import loops, state as state_lib
+
+from tfdist_trainer import loops
+from tfdist_trainer import state as state_lib
 from tfdist_trainer.trainer import Trainer
 
-
 # -- the tuner, with fake timings ------------------------------------------------
+
 
 def _feed(tuner: loops.StepsPerLoopTuner, seconds_per_call, calls: int) -> None:
     for _ in range(calls):
@@ -61,12 +62,15 @@ def test_tuner_ignores_short_calls_at_boundaries():
 def test_synchronous_workers_take_the_same_decision():
     # Worker A sees no gain, worker B does: with agree=max both keep doubling.
     decisions = []
-    tuner = loops.StepsPerLoopTuner(initial=4, agree=lambda v: max(v, 1) if not decisions.append(v) else v)
+    tuner = loops.StepsPerLoopTuner(
+        initial=4, agree=lambda v: max(v, 1) if not decisions.append(v) else v
+    )
     _feed(tuner, lambda n: 1.0 * n, 6)  # no gain at all locally
     assert tuner.value > 4 and not tuner.frozen
 
 
 # -- no retracing between loops ------------------------------------------------
+
 
 class _TinyTrainer(Trainer):
     def build_model(self):
@@ -75,7 +79,11 @@ class _TinyTrainer(Trainer):
     def build_train_dataset(self, input_context):
         x = tf.random.stateless_normal([256, 4], seed=[1, 2])
         y = tf.cast(x[:, 0] > 0, tf.int64)
-        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(self.per_replica_batch_size(input_context))
+        return (
+            tf.data.Dataset.from_tensor_slices((x, y))
+            .repeat()
+            .batch(self.per_replica_batch_size(input_context))
+        )
 
     def compute_loss(self, labels, logits):
         return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
@@ -98,11 +106,19 @@ def test_loop_traces_once_for_any_number_of_steps():
 
 # -- the knobs end to end -------------------------------------------------------
 
+
 def _train(tmp_path, *bindings, strategy="one_device", steps=200):
     model_dir = str(tmp_path / "model")
-    result = run(train_cmd(*FAST_MNIST, strategy_gin(strategy), f"--model_dir={model_dir}",
-                           f"--gin_bindings=train.train_steps={steps}",
-                           *[f"--gin_bindings={b}" for b in bindings]), timeout=300)
+    result = run(
+        train_cmd(
+            *FAST_MNIST,
+            strategy_gin(strategy),
+            f"--model_dir={model_dir}",
+            f"--gin_bindings=train.train_steps={steps}",
+            *[f"--gin_bindings={b}" for b in bindings],
+        ),
+        timeout=300,
+    )
     return result, model_dir
 
 
@@ -110,8 +126,13 @@ def _train(tmp_path, *bindings, strategy="one_device", steps=200):
 def test_auto_steps_per_loop_settles_and_trains(tmp_path):
     # Enough steps to try every size up to 512 (8*3 + 16*2 + ... + 512*2 = 2040): on a busy host noise
     # can look like a gain at each doubling, and the search must still settle within the run.
-    result, model_dir = _train(tmp_path, "train.steps_per_loop='auto'", "train.log_every_n_steps=2500",
-                               "train.checkpoint_every_n_steps=None", steps=2500)
+    result, model_dir = _train(
+        tmp_path,
+        "train.steps_per_loop='auto'",
+        "train.log_every_n_steps=2500",
+        "train.checkpoint_every_n_steps=None",
+        steps=2500,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     settled = re.findall(r"steps_per_loop='auto' settled on (\d+)", result.stdout)
     assert settled, result.stdout[-3000:]
@@ -120,12 +141,15 @@ def test_auto_steps_per_loop_settles_and_trains(tmp_path):
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("binding, steps, min_accuracy", [
-    ("train.jit_compile=True", 200, 0.8),
-    ("train.mixed_precision='mixed_bfloat16'", 200, 0.8),
-    # CPUs emulate float16 slowly: fewer steps, the point is that loss scaling keeps it learning.
-    ("train.mixed_precision='mixed_float16'", 100, 0.5),
-])
+@pytest.mark.parametrize(
+    "binding, steps, min_accuracy",
+    [
+        ("train.jit_compile=True", 200, 0.8),
+        ("train.mixed_precision='mixed_bfloat16'", 200, 0.8),
+        # CPUs emulate float16 slowly: fewer steps, the point is that loss scaling keeps it learning.
+        ("train.mixed_precision='mixed_float16'", 100, 0.5),
+    ],
+)
 def test_speed_knob_trains(tmp_path, binding, steps, min_accuracy):
     result, model_dir = _train(tmp_path, binding, "train.log_every_n_steps=50", steps=steps)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -138,11 +162,16 @@ def test_speed_knob_trains(tmp_path, binding, steps, min_accuracy):
 def test_bad_mixed_precision_is_one_sentence(tmp_path):
     result, _ = _train(tmp_path, "train.mixed_precision='float8'")
     assert result.returncode == 2
-    assert "train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16'" in result.stdout
+    assert (
+        "train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16'" in result.stdout
+    )
 
 
 @pytest.mark.parametrize("strategy", ["mirrored", "model_parallel"])
 def test_jit_compile_across_devices_of_one_process_is_refused_clearly(tmp_path, strategy):
     result, _ = _train(tmp_path, "train.jit_compile=True", strategy=strategy)
     assert result.returncode != 0
-    assert f"train.jit_compile=True cannot run {strategy} over several devices of one process" in result.stdout
+    assert (
+        f"train.jit_compile=True cannot run {strategy} over several devices of one process"
+        in result.stdout
+    )

@@ -15,11 +15,11 @@ import os
 import subprocess
 import uuid
 
+import clusterlib
 import pytest
 import tensorflow as tf
-
-import clusterlib
 from clusterlib import FAST_MNIST, PYTHON, base_env, launch_cmd, strategy_gin
+
 from tfdist_trainer import markers, storage
 from tfdist_trainer.logs import MetricsRecord, read_records
 
@@ -28,9 +28,14 @@ TIMEOUT_S = 180
 
 
 def _args(strategy: str, model_dir: str) -> list[str]:
-    return [*FAST_MNIST, strategy_gin(strategy), f"--gin_bindings=train.train_steps={STEPS}",
-            "--gin_bindings=train.log_every_n_steps=20", "--gin_bindings=train.checkpoint_every_n_steps=20",
-            f"--model_dir={model_dir}"]
+    return [
+        *FAST_MNIST,
+        strategy_gin(strategy),
+        f"--gin_bindings=train.train_steps={STEPS}",
+        "--gin_bindings=train.log_every_n_steps=20",
+        "--gin_bindings=train.checkpoint_every_n_steps=20",
+        f"--model_dir={model_dir}",
+    ]
 
 
 def _run(cmd: list[str], cwd) -> subprocess.CompletedProcess:
@@ -45,13 +50,16 @@ def _assert_no_stray_dirs(cwd) -> None:
 
 def _assert_run_complete(files: dict[str, str], output: str) -> None:
     """`files`: path relative to model_dir -> text (only for the small text files), as the run left them."""
-    assert "checkpoint" in files and any(name.startswith(f"ckpt-{STEPS}.") for name in files), \
+    assert "checkpoint" in files and any(name.startswith(f"ckpt-{STEPS}.") for name in files), (
         f"no checkpoint at step {STEPS}: {sorted(files)}\n{output[-4000:]}"
+    )
     records = [json.loads(line) for line in files["metrics.jsonl"].splitlines()]
     train = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train] == [20, 40], records
     assert any(r["kind"] == "eval" and r["step"] == STEPS for r in records), records
-    assert files["config.gin"].startswith("# command:") and "train.train_steps" in files["config.gin"]
+    assert (
+        files["config.gin"].startswith("# command:") and "train.train_steps" in files["config.gin"]
+    )
     assert "train.train_steps" in files["operative_config.gin"]
     marker = json.loads(files[markers.DONE_FILE])
     assert marker["step"] == STEPS and marker["run_id"], marker
@@ -90,7 +98,7 @@ def test_ram_model_dir_in_one_process(tmp_path, strategy):
     assert result.returncode == 0, result.stdout[-6000:]
     listing = [line for line in result.stdout.splitlines() if line.startswith("RAM_FILES ")]
     assert listing, result.stdout[-4000:]
-    files = json.loads(listing[-1][len("RAM_FILES "):])
+    files = json.loads(listing[-1][len("RAM_FILES ") :])
     _assert_run_complete(files, result.stdout)
     replicas = {"one_device": 1, "mirrored": 2}[strategy]
     assert f"strategy {strategy} with {replicas} replica(s) in sync" in result.stdout
@@ -108,10 +116,17 @@ def _local_files(model_dir: str) -> dict[str, str]:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("strategy, launch_args, roles", [
-    ("parameter_server", ["--num_workers=2", "--num_ps=1"], ["chief:0", "worker:0", "worker:1", "ps:0"]),
-    ("multi_worker_mirrored", ["--num_workers=2"], ["worker:0", "worker:1"]),
-])
+@pytest.mark.parametrize(
+    "strategy, launch_args, roles",
+    [
+        (
+            "parameter_server",
+            ["--num_workers=2", "--num_ps=1"],
+            ["chief:0", "worker:0", "worker:1", "ps:0"],
+        ),
+        ("multi_worker_mirrored", ["--num_workers=2"], ["worker:0", "worker:1"]),
+    ],
+)
 def test_file_uri_model_dir_via_launcher(tmp_path, strategy, launch_args, roles):
     local = tmp_path / "run"
     model_dir = f"file://{local}"
@@ -129,27 +144,38 @@ def test_file_uri_model_dir_via_launcher(tmp_path, strategy, launch_args, roles)
     assert sorted(os.listdir(local / "logs")) == sorted(r.replace(":", "-") + ".log" for r in roles)
     for role in roles:
         assert files[f"logs/{role.replace(':', '-')}.log"].strip(), f"{role}'s log copy is empty"
-    servers = [r for r in roles if r.startswith(("ps", "worker")) and strategy == "parameter_server"]
-    for role in servers:  # they saw the marker and exited 0 by themselves, before the launcher stopped them
+    servers = [
+        r for r in roles if r.startswith(("ps", "worker")) and strategy == "parameter_server"
+    ]
+    for role in (
+        servers
+    ):  # they saw the marker and exited 0 by themselves, before the launcher stopped them
         assert f"[launch] {role} finished" in out, out[-6000:]
-        assert "the chief marked training done: exiting" in files[f"logs/{role.replace(':', '-')}.log"]
+        assert (
+            "the chief marked training done: exiting" in files[f"logs/{role.replace(':', '-')}.log"]
+        )
     _assert_no_stray_dirs(tmp_path)
     assert clusterlib.no_process_left(str(local)) == []
 
 
 def test_launcher_refuses_a_ram_model_dir(tmp_path):
-    result = _run(launch_cmd(["--num_workers=2"], _args("multi_worker_mirrored", "ram://x/run")), cwd=tmp_path)
+    result = _run(
+        launch_cmd(["--num_workers=2"], _args("multi_worker_mirrored", "ram://x/run")), cwd=tmp_path
+    )
     assert result.returncode == 2, result.stdout[-3000:]
     assert "in-memory and private to one process" in result.stdout
 
 
 # -- units -----------------------------------------------------------------------
 
+
 def test_done_marker_from_an_older_run_is_ignored(tmp_path):
     model_dir = f"file://{tmp_path}"
     assert markers.done_run_id(model_dir) is None and markers.done_step(model_dir) is None
     markers.mark_done(model_dir, 30)  # an older run finished at step 30
-    stale = markers.done_run_id(model_dir)  # what a serving task of the next run sees when it starts
+    stale = markers.done_run_id(
+        model_dir
+    )  # what a serving task of the next run sees when it starts
     assert stale and markers.done_step(model_dir) == 30
     assert not markers.done_since(model_dir, stale)
     markers.mark_done(model_dir, None)  # the restarted chief clears it

@@ -11,31 +11,41 @@ from __future__ import annotations
 import json
 import types
 
+import clusterlib
 import pytest
 import tensorflow as tf
 
-import clusterlib
 from tfdist_trainer import data as data_lib
 
 
 def _strategy_with(cluster: dict, task_type: str, task_id: int, replicas: int):
     """What process_input_context reads of a strategy: its cluster resolver and replica count."""
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id)
+        tf.train.ClusterSpec(cluster), task_type=task_type, task_id=task_id
+    )
     return types.SimpleNamespace(cluster_resolver=resolver, num_replicas_in_sync=replicas)
 
 
-@pytest.mark.parametrize("cluster, task_type, task_id, want_id", [
-    ({"worker": ["a:1", "b:1"]}, "worker", 0, 0),
-    ({"worker": ["a:1", "b:1"]}, "worker", 1, 1),
-    ({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, "chief", 0, 0),
-    ({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, "worker", 1, 2),
-])
-def test_each_worker_process_is_its_own_pipeline_numbered_as_tf_numbers_workers(cluster, task_type, task_id,
-                                                                                 want_id):
-    from tensorflow.python.distribute import multi_worker_util  # TF's own numbering, to compare with
+@pytest.mark.parametrize(
+    "cluster, task_type, task_id, want_id",
+    [
+        ({"worker": ["a:1", "b:1"]}, "worker", 0, 0),
+        ({"worker": ["a:1", "b:1"]}, "worker", 1, 1),
+        ({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, "chief", 0, 0),
+        ({"chief": ["c:1"], "worker": ["a:1", "b:1"]}, "worker", 1, 2),
+    ],
+)
+def test_each_worker_process_is_its_own_pipeline_numbered_as_tf_numbers_workers(
+    cluster, task_type, task_id, want_id
+):
+    from tensorflow.python.distribute import (
+        multi_worker_util,  # TF's own numbering, to compare with
+    )
+
     workers = sum(len(cluster.get(t, [])) for t in ("chief", "worker"))
-    context = data_lib.process_input_context(_strategy_with(cluster, task_type, task_id, replicas=workers))
+    context = data_lib.process_input_context(
+        _strategy_with(cluster, task_type, task_id, replicas=workers)
+    )
     assert (context.num_input_pipelines, context.input_pipeline_id) == (workers, want_id)
     assert want_id == multi_worker_util.id_in_cluster(cluster, task_type, task_id)
     assert context.get_per_replica_batch_size(96) == 96 // workers
@@ -111,10 +121,17 @@ def test_mirrored_over_cpus_feeds_each_replica_its_own_batch_and_trains():
     assert result.returncode == 0, result.stdout[-5000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, result.stdout[-5000:]
-    report = json.loads(lines[-1][len("RESULT "):])
+    report = json.loads(lines[-1][len("RESULT ") :])
     assert report["local_replicas"] == 2 and not report["distributed"], report
     # Replica 0 takes the 1st element of each pair, replica 1 the 2nd, as with TF's distributed iterator.
-    assert report["ours"] == report["theirs"] == [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9, 10, 11], [12, 13, 14, 15]],
-                                                  [[16, 17, 18, 19], [20, 21, 22, 23]]], report
+    assert (
+        report["ours"]
+        == report["theirs"]
+        == [
+            [[0, 1, 2, 3], [4, 5, 6, 7]],
+            [[8, 9, 10, 11], [12, 13, 14, 15]],
+            [[16, 17, 18, 19], [20, 21, 22, 23]],
+        ]
+    ), report
     assert report["step"] == 120 and report["last"] < report["first"], report
     assert report["replicas_equal"], report

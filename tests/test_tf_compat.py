@@ -19,8 +19,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from clusterlib import REPO, base_env
+
 from tfdist_trainer import layers, tf_compat, variables
 
 VERSIONS = f"TensorFlow {tf.__version__}, Keras {keras.__version__}"
@@ -34,11 +34,19 @@ def run_script(tmp_path, source: str, timeout: float = 180) -> dict:
     """Runs `source` in a fresh Python (the repository importable); returns the JSON of its last line."""
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(source))
-    proc = subprocess.run([sys.executable, str(script)], env=base_env({"GRPC_FAIL_FAST": "use_caller"}), cwd=REPO,
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=base_env({"GRPC_FAIL_FAST": "use_caller"}),
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=timeout,
+    )
     lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0 and lines and lines[-1].startswith("{"), \
+    assert proc.returncode == 0 and lines and lines[-1].startswith("{"), (
         f"the script failed on {VERSIONS} (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
+    )
     return json.loads(lines[-1])
 
 
@@ -52,17 +60,24 @@ def mixed_float16():
 
 # -- checkpoints ------------------------------------------------------------------
 
+
 def test_saveable_objects_round_trip_a_sharded_table_through_a_checkpoint(tmp_path):
     """tf.__internal__.tracking.Trackable + saveable_object.SaveableObject/SaveSpec: a table saved as
     slices of 2 shards restores into 3 shards."""
     trackable = tf_compat.trackable_base()
-    assert trackable is tf.__internal__.tracking.Trackable, broken("tf.__internal__.tracking.Trackable", "moved")
+    assert trackable is tf.__internal__.tracking.Trackable, broken(
+        "tf.__internal__.tracking.Trackable", "moved"
+    )
     saveable, spec = tf_compat.saveable_classes()
-    assert isinstance(tf.Variable(1.0), trackable), broken("tf.__internal__.tracking.Trackable",
-                                                           "a tf.Variable is not one")
-    assert callable(getattr(saveable, "restore", None)) and spec.__init__.__code__.co_varnames[:6] == (
-        "self", "tensor", "slice_spec", "name", "dtype", "device"), broken(
-        "tensorflow.python.training.saving.saveable_object.SaveSpec", "its constructor's arguments changed")
+    assert isinstance(tf.Variable(1.0), trackable), broken(
+        "tf.__internal__.tracking.Trackable", "a tf.Variable is not one"
+    )
+    assert callable(getattr(saveable, "restore", None)) and spec.__init__.__code__.co_varnames[
+        :6
+    ] == ("self", "tensor", "slice_spec", "name", "dtype", "device"), broken(
+        "tensorflow.python.training.saving.saveable_object.SaveSpec",
+        "its constructor's arguments changed",
+    )
 
     source = layers.ShardedEmbedding(11, 3, num_shards=2, embeddings_initializer="random_normal")
     source.build()
@@ -72,14 +87,21 @@ def test_saveable_objects_round_trip_a_sharded_table_through_a_checkpoint(tmp_pa
     target.build()
     tf.train.Checkpoint(layer=target).restore(path).assert_existing_objects_matched()
     np.testing.assert_array_equal(
-        np.concatenate([v.numpy() for v in target.shards]), saved,
-        err_msg=broken("SaveableObject/SaveSpec (sliced save of a logical table)", "the table did not round-trip"))
+        np.concatenate([v.numpy() for v in target.shards]),
+        saved,
+        err_msg=broken(
+            "SaveableObject/SaveSpec (sliced save of a logical table)",
+            "the table did not round-trip",
+        ),
+    )
     names = [name for name, _ in tf.train.list_variables(path)]
-    assert any(name.startswith("layer/table/") for name in names) and not any("shard" in n for n in names), \
-        broken("Trackable._gather_saveables_for_checkpoint", f"the checkpoint holds {names}")
+    assert any(name.startswith("layer/table/") for name in names) and not any(
+        "shard" in n for n in names
+    ), broken("Trackable._gather_saveables_for_checkpoint", f"the checkpoint holds {names}")
 
 
 # -- Keras variables --------------------------------------------------------------
+
 
 def test_variable_storage_is_the_stored_float32_variable_under_mixed_precision(mixed_float16):
     """KerasVariable._value: the tf.Variable; `value`/`dtype` read float16 inside a mixed-precision call."""
@@ -92,17 +114,28 @@ def test_variable_storage_is_the_stored_float32_variable_under_mixed_precision(m
     class Probe(keras.layers.Layer):
         def call(self, x):
             for v in [dense.kernel] + optimizer.variables:
-                seen[v.path] = (v.value.dtype, tf_compat.variable_storage(v), variables.stored_bytes(v))
+                seen[v.path] = (
+                    v.value.dtype,
+                    tf_compat.variable_storage(v),
+                    variables.stored_bytes(v),
+                )
             return x
 
     Probe()(tf.ones((1, 1)))
     stored = tf_compat.variable_storage(dense.kernel)
     assert isinstance(stored, tf.Variable) and stored.dtype == tf.float32, broken(
-        "KerasVariable._value", f"the storage of a Dense kernel is {stored!r}")
-    assert stored.device == dense.kernel.value.device and np.array_equal(stored.numpy(), dense.kernel.numpy())
+        "KerasVariable._value", f"the storage of a Dense kernel is {stored!r}"
+    )
+    assert stored.device == dense.kernel.value.device and np.array_equal(
+        stored.numpy(), dense.kernel.numpy()
+    )
     value_dtype, in_call, in_call_bytes = seen[dense.kernel.path]
-    assert value_dtype == tf.float16, "Keras no longer autocasts `value` in a call (variable_storage could go)"
-    assert in_call is stored, broken("KerasVariable._value", "inside a layer call it is not the stored variable")
+    assert value_dtype == tf.float16, (
+        "Keras no longer autocasts `value` in a call (variable_storage could go)"
+    )
+    assert in_call is stored, broken(
+        "KerasVariable._value", "inside a layer call it is not the stored variable"
+    )
     assert in_call_bytes == variables.stored_bytes(dense.kernel) == 20 * 10 * 4
     # Layer names are unique per process ("dense_3" after three other Dense layers): match this one's slot.
     slot = dense.kernel.path.replace("/", "_") + "_momentum"
@@ -122,11 +155,14 @@ def test_sharded_layers_read_the_stored_tables_inside_a_mixed_precision_call(mix
     bias = np.concatenate([v.numpy() for v in softmax.bias.variables]).reshape(-1)
     np.testing.assert_allclose(logits.numpy(), x.numpy() @ kernel.T + bias, rtol=1e-2, atol=1e-2)
 
+
 def test_variable_storage_device_and_recreating_it_on_another_device(tmp_path):
     """KerasVariable._value is where the variable lives; `_value = None` + `_initialize(value)` moves it
     (same Keras variable, value and flags); `_deferred_initialize` of a variable created in a
     StatelessScope runs inside the scope we give it."""
-    result = run_script(tmp_path, """
+    result = run_script(
+        tmp_path,
+        """
         import json
         import tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -164,18 +200,31 @@ def test_variable_storage_device_and_recreating_it_on_another_device(tmp_path):
         out["deferred_device"] = variables.device_of(deferred)
         out["not_deferred"] = tf_compat.wrap_deferred_initializer(object(), on_cpu1)
         print(json.dumps(out))
-    """)
-    assert result["built_on"].endswith("CPU:1") and result["storage_device"] == result["built_on"], broken(
-        "KerasVariable._value", f"a kernel built under tf.device('/CPU:1') is stored on {result['storage_device']}")
-    assert result["moved_to"].endswith("CPU:0"), broken("KerasVariable._initialize",
-                                                        f"re-created storage is on {result['moved_to']}")
+    """,
+    )
+    assert (
+        result["built_on"].endswith("CPU:1") and result["storage_device"] == result["built_on"]
+    ), broken(
+        "KerasVariable._value",
+        f"a kernel built under tf.device('/CPU:1') is stored on {result['storage_device']}",
+    )
+    assert result["moved_to"].endswith("CPU:0"), broken(
+        "KerasVariable._initialize", f"re-created storage is on {result['moved_to']}"
+    )
     assert result["same_value"] and result["same_variable"] and result["trainable"], broken(
-        "KerasVariable._value = None; _initialize(value)", f"the moved variable changed: {result}")
-    assert result["assign_reaches_new_storage"], broken("KerasVariable._initialize", "assign misses the new storage")
+        "KerasVariable._value = None; _initialize(value)", f"the moved variable changed: {result}"
+    )
+    assert result["assign_reaches_new_storage"], broken(
+        "KerasVariable._initialize", "assign misses the new storage"
+    )
     assert result["deferred_storage"] == "None" and result["wrapped"], broken(
-        "KerasVariable._deferred_initialize", f"a variable created in a StatelessScope is not deferred: {result}")
+        "KerasVariable._deferred_initialize",
+        f"a variable created in a StatelessScope is not deferred: {result}",
+    )
     assert result["deferred_entered"] == 1 and result["deferred_device"].endswith("CPU:1"), broken(
-        "KerasVariable._deferred_initialize", f"Keras did not create the deferred variable through it: {result}")
+        "KerasVariable._deferred_initialize",
+        f"Keras did not create the deferred variable through it: {result}",
+    )
     assert result["not_deferred"] is False
 
 
@@ -193,14 +242,20 @@ def test_sublayers_walks_nested_layers():
     names = lambda found: [layer.name for layer in found]  # noqa: E731
     found = names(tf_compat.sublayers(model))
     assert found[:2] == ["first", "block"] and sorted(found[2:]) == ["inner", "norm"], broken(
-        "Layer._flatten_layers", f"nested layers of a Sequential (in order, then the block's): {found}")
+        "Layer._flatten_layers",
+        f"nested layers of a Sequential (in order, then the block's): {found}",
+    )
     assert names(tf_compat.sublayers(model, recursive=False)) == ["first", "block"], broken(
-        "Layer._flatten_layers(recursive=False)", "not the direct sublayers in order")
+        "Layer._flatten_layers(recursive=False)", "not the direct sublayers in order"
+    )
     found = names(tf_compat.sublayers(block, include_self=True))
     assert found[0] == "block" and sorted(found[1:]) == ["inner", "norm"], broken(
-        "Layer._flatten_layers(include_self=True)", f"gave {found}")
+        "Layer._flatten_layers(include_self=True)", f"gave {found}"
+    )
     assert tf_compat.sublayers(object()) == []
-    sharded = keras.Sequential([keras.layers.Dense(2), layers.ShardedEmbedding(5, 2, num_shards=1, name="emb")])
+    sharded = keras.Sequential(
+        [keras.layers.Dense(2), layers.ShardedEmbedding(5, 2, num_shards=1, name="emb")]
+    )
     assert [layer.name for layer in layers.sharded_layers(sharded)] == ["emb"]
 
 
@@ -208,9 +263,13 @@ def test_stateless_and_symbolic_scopes_are_reported_inside_them():
     """keras.src.backend.common.stateless_scope.in_stateless_scope / symbolic_scope.in_symbolic_scope."""
     assert not tf_compat.in_stateless_scope() and not tf_compat.in_symbolic_scope()
     with keras.StatelessScope():
-        assert tf_compat.in_stateless_scope(), broken("in_stateless_scope", "False inside keras.StatelessScope")
+        assert tf_compat.in_stateless_scope(), broken(
+            "in_stateless_scope", "False inside keras.StatelessScope"
+        )
     with keras.SymbolicScope():
-        assert tf_compat.in_symbolic_scope(), broken("in_symbolic_scope", "False inside keras.SymbolicScope")
+        assert tf_compat.in_symbolic_scope(), broken(
+            "in_symbolic_scope", "False inside keras.SymbolicScope"
+        )
     seen = []
 
     class Probe(keras.layers.Layer):
@@ -222,8 +281,10 @@ def test_stateless_and_symbolic_scopes_are_reported_inside_them():
     inputs = keras.Input((2,))
     keras.Model(inputs, probe(inputs))  # building a functional model traces its layers symbolically
     probe(tf.ones((1, 2)))
-    assert seen == [True, False], broken("in_symbolic_scope/in_stateless_scope",
-                                         f"[tracing a functional model, an eager call] gave {seen}")
+    assert seen == [True, False], broken(
+        "in_symbolic_scope/in_stateless_scope",
+        f"[tracing a functional model, an eager call] gave {seen}",
+    )
 
 
 def test_atomic_metric_updates_lose_no_concurrent_update():
@@ -232,12 +293,15 @@ def test_atomic_metric_updates_lose_no_concurrent_update():
     tf_compat.make_metric_updates_atomic([metric])
     calls = []
     for v in metric.variables:
-        assert "assign_add" in vars(v), broken("KerasVariable._value", f"{v.path} has no tf.Variable to patch")
+        assert "assign_add" in vars(v), broken(
+            "KerasVariable._value", f"{v.path} has no tf.Variable to patch"
+        )
         patched = v.assign_add
-        v.assign_add = (lambda value, f=patched, name=v.name: (calls.append(name), f(value))[1])
+        v.assign_add = lambda value, f=patched, name=v.name: (calls.append(name), f(value))[1]
     metric.update_state([1.0])
     assert sorted(calls) == ["count", "total"], broken(
-        "keras.metrics.Mean.update_state", f"no longer updates through assign_add (called: {calls})")
+        "keras.metrics.Mean.update_state", f"no longer updates through assign_add (called: {calls})"
+    )
     metric.reset_state()
     tf_compat.make_metric_updates_atomic([metric])
     threads, per_thread = 8, 150
@@ -253,15 +317,20 @@ def test_atomic_metric_updates_lose_no_concurrent_update():
         w.join()
     total, count = (float(v.numpy()) for v in metric.variables)
     assert (total, count) == (2.0 * threads * per_thread,) * 2, broken(
-        "the metric assign_add patch", f"{threads} threads x {per_thread} updates gave total={total} count={count}")
+        "the metric assign_add patch",
+        f"{threads} threads x {per_thread} updates gave total={total} count={count}",
+    )
 
 
 # -- ClusterCoordinator -------------------------------------------------------------
 
+
 def test_remote_value_status_and_busy_worker_threads_on_a_real_coordinator(tmp_path):
     """RemoteValueImpl._status and the "WorkerClosureProcessingLoop-<i>" threads in Worker._process_closure,
     read from a ParameterServerStrategy + ClusterCoordinator on in-process servers."""
-    result = run_script(tmp_path, """
+    result = run_script(
+        tmp_path,
+        """
         import json, os, threading, time
         import portpicker
         import tensorflow as tf
@@ -306,11 +375,18 @@ def test_remote_value_status_and_busy_worker_threads_on_a_real_coordinator(tmp_p
                                 if t.name.startswith(tf_compat.COORDINATOR_WORKER_THREAD_PREFIX))
         print(json.dumps(out), flush=True)
         os._exit(0)  # in-process servers cannot be shut down cleanly
-    """)
+    """,
+    )
     assert result["threads"] == ["WorkerClosureProcessingLoop-0"], broken(
-        "ClusterCoordinator worker threads", f"threads named {result['threads']}")
+        "ClusterCoordinator worker threads", f"threads named {result['threads']}"
+    )
     assert result["busy_while_running"] == [0], broken(
-        "Worker._process_closure", f"no coordinator thread was inside it while a closure ran: {result}")
-    assert result["busy_after_join"] == [], broken("Worker._process_closure", f"still busy after join: {result}")
-    assert result["finished_while_running"] is False and result["finished_after_join"] is True, broken(
-        "RemoteValueImpl._status", f"status while running / after join: {result}")
+        "Worker._process_closure",
+        f"no coordinator thread was inside it while a closure ran: {result}",
+    )
+    assert result["busy_after_join"] == [], broken(
+        "Worker._process_closure", f"still busy after join: {result}"
+    )
+    assert result["finished_while_running"] is False and result["finished_after_join"] is True, (
+        broken("RemoteValueImpl._status", f"status while running / after join: {result}")
+    )

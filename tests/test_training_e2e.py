@@ -16,10 +16,9 @@ from __future__ import annotations
 import os
 import re
 
+import clusterlib
 import pytest
 import tensorflow as tf
-
-import clusterlib
 from clusterlib import FAST_MNIST, HandCluster, launch_cmd, read_records, strategy_gin
 
 # Synchronous strategies: ~0.93-0.96 test accuracy on the digits set after 200 steps.
@@ -35,11 +34,13 @@ PSS_LAYOUT = {"chief": 1, "worker": 2, "ps": 1}
 REPLICAS = {"one_device": 1, "mirrored": 2, "multi_worker_mirrored": 2, "parameter_server": 1}
 
 
-
-
 def mnist_args(strategy: str, model_dir: str, steps: int) -> list[str]:
-    args = [*FAST_MNIST, strategy_gin(strategy), f"--gin_bindings=train.train_steps={steps}",
-            f"--model_dir={model_dir}"]
+    args = [
+        *FAST_MNIST,
+        strategy_gin(strategy),
+        f"--gin_bindings=train.train_steps={steps}",
+        f"--model_dir={model_dir}",
+    ]
     if strategy == "parameter_server":
         args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
     return args
@@ -54,21 +55,32 @@ def assert_trained(model_dir: str, steps: int, context: str = "") -> dict:
     assert len(train) >= 2, f"expected several train records, got {train}"
     train_steps = [r["step"] for r in train]
     # One writer only (the chief): steps strictly increase, no record is duplicated.
-    assert train_steps == sorted(set(train_steps)), f"train records out of order or duplicated: {train_steps}"
+    assert train_steps == sorted(set(train_steps)), (
+        f"train records out of order or duplicated: {train_steps}"
+    )
     assert train[0]["loss"] > train[-1]["loss"], f"loss did not fall: {[r['loss'] for r in train]}"
     # Metrics updated by concurrent parameter_server workers must not lose updates (Keras 3's
     # read-modify-write assign_add once let accuracy exceed 1 there).
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in train), f"train accuracy out of [0, 1]: {train}"
-    assert train[-1]["step"] == steps, f"last train record at step {train[-1]['step']}, want {steps}"
+    assert train[-1]["step"] == steps, (
+        f"last train record at step {train[-1]['step']}, want {steps}"
+    )
     assert evals, f"no eval record in {model_dir}/metrics.jsonl"
     assert evals[-1]["step"] == steps, f"last eval at step {evals[-1]['step']}, want {steps}"
-    assert evals[-1]["eval_accuracy"] > MIN_EVAL_ACCURACY, f"eval accuracy {evals[-1]['eval_accuracy']}"
+    assert evals[-1]["eval_accuracy"] > MIN_EVAL_ACCURACY, (
+        f"eval accuracy {evals[-1]['eval_accuracy']}"
+    )
     latest = tf.train.latest_checkpoint(model_dir)
     assert latest is not None and latest.endswith(f"ckpt-{steps}"), f"latest checkpoint {latest}"
-    assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), "throw-away checkpoints were left"
+    assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), (
+        "throw-away checkpoints were left"
+    )
     assert clusterlib.no_process_left(model_dir) == []
-    return {"first_loss": train[0]["loss"], "last_loss": train[-1]["loss"],
-            "eval_accuracy": evals[-1]["eval_accuracy"]}
+    return {
+        "first_loss": train[0]["loss"],
+        "last_loss": train[-1]["loss"],
+        "eval_accuracy": evals[-1]["eval_accuracy"],
+    }
 
 
 def assert_strategy_used(output: str, strategy: str) -> None:
@@ -85,34 +97,50 @@ def assert_role_prefixed(output: str, log_dir: str, roles: list[str]) -> None:
         assert os.path.getsize(path) > 0, f"{path} is empty"
         with open(path, errors="replace") as f:
             logged = [line.rstrip("\n") for line in f if line.strip()]
-        assert any(line.startswith(prefix) for line in lines), f"no {prefix} line in the launcher output"
+        assert any(line.startswith(prefix) for line in lines), (
+            f"no {prefix} line in the launcher output"
+        )
         # A line that already names its task (a cluster task's own '[worker:1]', a lone process's
         # '[local]') may pass through as it is; any other line must get the role prefix.
-        missing = [line for line in logged if f"{prefix} {line}" not in lines
-                   and not (line in lines and line.startswith((prefix, "[local]")))]
-        assert not missing, f"{len(missing)} lines of {path} are not in stdout as '{prefix} ...': {missing[:3]}"
+        missing = [
+            line
+            for line in logged
+            if f"{prefix} {line}" not in lines
+            and not (line in lines and line.startswith((prefix, "[local]")))
+        ]
+        assert not missing, (
+            f"{len(missing)} lines of {path} are not in stdout as '{prefix} ...': {missing[:3]}"
+        )
 
 
 def run_launch(launch_args: list[str], train_args: list[str]):
     result = clusterlib.run(launch_cmd(launch_args, train_args), timeout=TIMEOUT_S)
-    assert result.returncode == 0, f"tfdist-launch exited {result.returncode}:\n{result.stdout[-8000:]}"
+    assert result.returncode == 0, (
+        f"tfdist-launch exited {result.returncode}:\n{result.stdout[-8000:]}"
+    )
     return result
 
 
 # -- tfdist-launch ---------------------------------------------------------------
 
+
 @pytest.mark.cluster
-@pytest.mark.parametrize("strategy, launch_args, roles", [
-    ("one_device", [], ["chief:0"]),
-    ("mirrored", [], ["chief:0"]),
-    ("multi_worker_mirrored", ["--num_workers=2"], ["worker:0", "worker:1"]),
-])
+@pytest.mark.parametrize(
+    "strategy, launch_args, roles",
+    [
+        ("one_device", [], ["chief:0"]),
+        ("mirrored", [], ["chief:0"]),
+        ("multi_worker_mirrored", ["--num_workers=2"], ["worker:0", "worker:1"]),
+    ],
+)
 def test_launch_trains_mnist(tmp_path, strategy, launch_args, roles):
     model_dir = str(tmp_path / "model")
     result = run_launch(launch_args, mnist_args(strategy, model_dir, SYNC_STEPS))
     assert_trained(model_dir, SYNC_STEPS, result.stdout)
     assert_strategy_used(result.stdout, strategy)
-    assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [r.replace(":", "-") + ".log" for r in roles]
+    assert sorted(os.listdir(os.path.join(model_dir, "logs"))) == [
+        r.replace(":", "-") + ".log" for r in roles
+    ]
     assert_role_prefixed(result.stdout, os.path.join(model_dir, "logs"), roles)
     if strategy == "multi_worker_mirrored":
         assert_workers_read_own_shards_and_agree(result.stdout)
@@ -123,8 +151,9 @@ def assert_workers_read_own_shards_and_agree(output: str) -> None:
     for index in (0, 1):
         expected = f"[worker:{index}] "
         pipeline = f"training input: input pipeline {index} of 2, 1 local replica(s), a plain iterator on the host"
-        assert any(line.startswith(expected) and pipeline in line for line in output.splitlines()), (
-            f"no '{pipeline}' from worker {index}:\n{output[-5000:]}")
+        assert any(
+            line.startswith(expected) and pipeline in line for line in output.splitlines()
+        ), f"no '{pipeline}' from worker {index}:\n{output[-5000:]}"
     fingerprints = dict(re.findall(r"^\[(worker:\d)\].*weights fingerprint (\w+)", output, re.M))
     assert len(fingerprints) == 2 and len(set(fingerprints.values())) == 1, fingerprints
 
@@ -133,8 +162,10 @@ def assert_workers_read_own_shards_and_agree(output: str) -> None:
 def test_launch_parameter_server_with_evaluator(tmp_path):
     """chief + 2 workers + 1 ps + evaluator side-car; the step count is exact although 205 % 10 != 0."""
     model_dir = str(tmp_path / "model")
-    result = run_launch(["--num_workers=2", "--num_ps=1", "--evaluator"],
-                        mnist_args("parameter_server", model_dir, PSS_STEPS))
+    result = run_launch(
+        ["--num_workers=2", "--num_ps=1", "--evaluator"],
+        mnist_args("parameter_server", model_dir, PSS_STEPS),
+    )
     assert_trained(model_dir, PSS_STEPS, result.stdout)
     assert_strategy_used(result.stdout, "parameter_server")
 
@@ -148,23 +179,38 @@ def test_launch_parameter_server_with_evaluator(tmp_path):
     log_dir = os.path.join(model_dir, "logs")
     assert sorted(os.listdir(log_dir)) == sorted(r.replace(":", "-") + ".log" for r in roles)
     assert_role_prefixed(result.stdout, log_dir, roles)
-    assert any(line.startswith("[chief:0]") and f"step {PSS_STEPS}/{PSS_STEPS}" in line
-               for line in result.stdout.splitlines())
-    assert any(line.startswith("[evaluator:0]") and f"eval at step {PSS_STEPS}" in line
-               for line in result.stdout.splitlines())
+    assert any(
+        line.startswith("[chief:0]") and f"step {PSS_STEPS}/{PSS_STEPS}" in line
+        for line in result.stdout.splitlines()
+    )
+    assert any(
+        line.startswith("[evaluator:0]") and f"eval at step {PSS_STEPS}" in line
+        for line in result.stdout.splitlines()
+    )
 
 
 # -- by hand: one tfdist-train per task ------------------------------------------
 
-def run_hand_cluster(tmp_path, strategy: str, layout: dict[str, int], steps: int, *,
-                     use_flags: bool = False) -> dict:
+
+def run_hand_cluster(
+    tmp_path, strategy: str, layout: dict[str, int], steps: int, *, use_flags: bool = False
+) -> dict:
     model_dir = str(tmp_path / "model")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     args = mnist_args(strategy, model_dir, steps)
-    per_task = {t: ["--chief_gone_grace_s=2"] for t in ("ps", "worker")} if strategy == "parameter_server" else {}
-    hand = HandCluster(clusterlib.pick_cluster(layout), args, str(log_dir), per_task_args=per_task,
-                       use_flags=use_flags)
+    per_task = (
+        {t: ["--chief_gone_grace_s=2"] for t in ("ps", "worker")}
+        if strategy == "parameter_server"
+        else {}
+    )
+    hand = HandCluster(
+        clusterlib.pick_cluster(layout),
+        args,
+        str(log_dir),
+        per_task_args=per_task,
+        use_flags=use_flags,
+    )
     try:
         hand.start_all()
         codes = hand.wait_all(timeout=TIMEOUT_S)
@@ -178,12 +224,15 @@ def run_hand_cluster(tmp_path, strategy: str, layout: dict[str, int], steps: int
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("strategy, layout, steps", [
-    ("one_device", {"chief": 1}, SYNC_STEPS),
-    ("mirrored", {"chief": 1}, SYNC_STEPS),
-    ("multi_worker_mirrored", {"worker": 2}, SYNC_STEPS),
-    ("parameter_server", PSS_LAYOUT, PSS_STEPS),
-])
+@pytest.mark.parametrize(
+    "strategy, layout, steps",
+    [
+        ("one_device", {"chief": 1}, SYNC_STEPS),
+        ("mirrored", {"chief": 1}, SYNC_STEPS),
+        ("multi_worker_mirrored", {"worker": 2}, SYNC_STEPS),
+        ("parameter_server", PSS_LAYOUT, PSS_STEPS),
+    ],
+)
 def test_hand_started_tf_config_cluster_trains_mnist(tmp_path, strategy, layout, steps):
     run_hand_cluster(tmp_path, strategy, layout, steps)
 

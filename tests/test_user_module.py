@@ -13,9 +13,8 @@ from __future__ import annotations
 import os
 import textwrap
 
-import pytest
-
 import clusterlib
+import pytest
 from clusterlib import launch_cmd, read_records, strategy_gin
 
 STEPS = 200
@@ -74,7 +73,7 @@ USER_MODULE = textwrap.dedent('''
             return [keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")]
 ''')
 
-EXPERIMENT_GIN = textwrap.dedent('''
+EXPERIMENT_GIN = textwrap.dedent("""
     import my_trainers
 
     train.trainer_cls = @MyTrainer
@@ -82,7 +81,7 @@ EXPERIMENT_GIN = textwrap.dedent('''
     train.log_every_n_steps = 50
     Trainer.global_batch_size = 64
     MyTrainer.learning_rate = 0.01
-''')
+""")
 
 
 @pytest.fixture
@@ -92,7 +91,8 @@ def user_project(tmp_path):
     (tmp_path / "my_experiment.gin").write_text(EXPERIMENT_GIN.format(steps=STEPS))
     # The same experiment for --module: no gin import line.
     (tmp_path / "my_experiment_no_import.gin").write_text(
-        EXPERIMENT_GIN.format(steps=STEPS).replace("import my_trainers\n", ""))
+        EXPERIMENT_GIN.format(steps=STEPS).replace("import my_trainers\n", "")
+    )
     yield tmp_path  # conftest kills any process of this test left after a failure
 
 
@@ -100,8 +100,12 @@ def launch(project, launch_args: list[str], train_args: list[str], *, pythonpath
     env = clusterlib.base_env()
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([str(project), env["PYTHONPATH"]])
-    result = clusterlib.run(launch_cmd(launch_args, train_args), env=env, cwd=str(project), timeout=TIMEOUT_S)
-    assert result.returncode == 0, f"tfdist-launch exited {result.returncode}:\n{result.stdout[-8000:]}"
+    result = clusterlib.run(
+        launch_cmd(launch_args, train_args), env=env, cwd=str(project), timeout=TIMEOUT_S
+    )
+    assert result.returncode == 0, (
+        f"tfdist-launch exited {result.returncode}:\n{result.stdout[-8000:]}"
+    )
     return result
 
 
@@ -112,22 +116,34 @@ def assert_trained(model_dir: str, strategy: str, output: str) -> dict:
     assert len(train) >= 2 and evals, f"records: {records}\n{output[-5000:]}"
     assert train[0]["loss"] > train[-1]["loss"], f"loss did not fall: {[r['loss'] for r in train]}"
     assert train[-1]["step"] == STEPS and evals[-1]["step"] == STEPS
-    assert evals[-1]["eval_accuracy"] > MIN_EVAL_ACCURACY, f"eval accuracy {evals[-1]['eval_accuracy']}"
+    assert evals[-1]["eval_accuracy"] > MIN_EVAL_ACCURACY, (
+        f"eval accuracy {evals[-1]['eval_accuracy']}"
+    )
     with open(os.path.join(model_dir, "checkpoint")) as f:
         assert f'model_checkpoint_path: "ckpt-{STEPS}"' in f.read()
     assert f"under {strategy}" in output, f"the run did not use {strategy}"
     assert clusterlib.no_process_left(model_dir) == []
-    return {"first_loss": train[0]["loss"], "last_loss": train[-1]["loss"], "eval_accuracy": evals[-1]["eval_accuracy"]}
+    return {
+        "first_loss": train[0]["loss"],
+        "last_loss": train[-1]["loss"],
+        "eval_accuracy": evals[-1]["eval_accuracy"],
+    }
 
 
 @pytest.mark.cluster
 def test_user_trainer_runs_under_two_strategies_changing_only_the_strategy_gin(user_project):
     # The same launcher flags for both: multi_worker_mirrored simply starts no ps.
     launch_args = ["--num_workers=2", "--num_ps=1"]
-    for strategy, roles in (("multi_worker_mirrored", {"worker-0.log", "worker-1.log"}),
-                            ("parameter_server", {"chief-0.log", "worker-0.log", "worker-1.log", "ps-0.log"})):
+    for strategy, roles in (
+        ("multi_worker_mirrored", {"worker-0.log", "worker-1.log"}),
+        ("parameter_server", {"chief-0.log", "worker-0.log", "worker-1.log", "ps-0.log"}),
+    ):
         model_dir = str(user_project / strategy)
-        train_args = ["--gin_file=my_experiment.gin", strategy_gin(strategy), f"--model_dir={model_dir}"]
+        train_args = [
+            "--gin_file=my_experiment.gin",
+            strategy_gin(strategy),
+            f"--model_dir={model_dir}",
+        ]
         result = launch(user_project, launch_args, train_args)
         assert_trained(model_dir, strategy, result.stdout)
         assert set(os.listdir(os.path.join(model_dir, "logs"))) == roles
@@ -137,7 +153,11 @@ def test_user_trainer_runs_under_two_strategies_changing_only_the_strategy_gin(u
 def test_module_flag_imports_the_user_trainer_from_the_working_directory(user_project):
     """--module my_trainers instead of a gin import line; found from the working directory alone."""
     model_dir = str(user_project / "one_device")
-    train_args = ["--module=my_trainers", "--gin_file=my_experiment_no_import.gin", strategy_gin("one_device"),
-                  f"--model_dir={model_dir}"]
+    train_args = [
+        "--module=my_trainers",
+        "--gin_file=my_experiment_no_import.gin",
+        strategy_gin("one_device"),
+        f"--model_dir={model_dir}",
+    ]
     result = launch(user_project, [], train_args, pythonpath=False)
     assert_trained(model_dir, "one_device", result.stdout)

@@ -20,6 +20,7 @@ __all__ = sorted(_LAZY)
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
+
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'tfdist_trainer' has no attribute {name!r}")

@@ -17,15 +17,26 @@ from tfdist_trainer.cluster import ClusterConfig
 class Checkpointer:
     """Owns the CheckpointManager of one task."""
 
-    def __init__(self, *, model_dir: str, cluster: ClusterConfig, checkpoint: tf.train.Checkpoint,
-                 global_step: tf.Variable, keep: int):
+    def __init__(
+        self,
+        *,
+        model_dir: str,
+        cluster: ClusterConfig,
+        checkpoint: tf.train.Checkpoint,
+        global_step: tf.Variable,
+        keep: int,
+    ):
         self.model_dir = model_dir
         self.is_writer = cluster.is_chief
         self.global_step = global_step
-        self._directory = model_dir if self.is_writer else storage.join(
-            model_dir, ".tmp_checkpoints", cluster.role.replace(":", "-"))
+        self._directory = (
+            model_dir
+            if self.is_writer
+            else storage.join(model_dir, ".tmp_checkpoints", cluster.role.replace(":", "-"))
+        )
         self._manager = tf.train.CheckpointManager(
-            checkpoint, self._directory, max_to_keep=keep, step_counter=global_step)
+            checkpoint, self._directory, max_to_keep=keep, step_counter=global_step
+        )
         self._checkpoint = checkpoint
         self._last_saved_step = 0
 
@@ -63,4 +74,6 @@ class Checkpointer:
             logging.info("saved checkpoint %s", path)
         else:
             storage.rmtree(self._directory)
-            storage.remove_if_empty(storage.dirname(self._directory))  # the last worker out removes the parent
+            storage.remove_if_empty(
+                storage.dirname(self._directory)
+            )  # the last worker out removes the parent

@@ -19,22 +19,43 @@ from tfdist_trainer.errors import EXIT_CONFIG, EXIT_PEER_LOST
 FLAGS = flags.FLAGS
 
 flags.DEFINE_multi_string("gin_file", [], "Gin config file; repeatable, later files win.")
-flags.DEFINE_multi_string("gin_bindings", [], "Gin binding such as 'train.train_steps=100'; repeatable.")
+flags.DEFINE_multi_string(
+    "gin_bindings", [], "Gin binding such as 'train.train_steps=100'; repeatable."
+)
 flags.DEFINE_alias("gin_param", "gin_bindings")
-flags.DEFINE_multi_string("module", [], "Python module to import before parsing gin (your Trainer); repeatable.")
-flags.DEFINE_string("model_dir", None, "Checkpoints, logs and records of this job (shared by all tasks).")
-flags.DEFINE_string("job_name", None, "Classic cluster flags: this task's type (chief, worker, ps, evaluator).")
+flags.DEFINE_multi_string(
+    "module", [], "Python module to import before parsing gin (your Trainer); repeatable."
+)
+flags.DEFINE_string(
+    "model_dir", None, "Checkpoints, logs and records of this job (shared by all tasks)."
+)
+flags.DEFINE_string(
+    "job_name", None, "Classic cluster flags: this task's type (chief, worker, ps, evaluator)."
+)
 flags.DEFINE_alias("task_type", "job_name")
 flags.DEFINE_integer("task_index", 0, "Classic cluster flags: this task's index within its type.")
-flags.DEFINE_list("ps_hosts", [], "Classic cluster flags: comma-separated host:port of the ps tasks.")
-flags.DEFINE_list("worker_hosts", [], "Classic cluster flags: comma-separated host:port of the workers.")
+flags.DEFINE_list(
+    "ps_hosts", [], "Classic cluster flags: comma-separated host:port of the ps tasks."
+)
+flags.DEFINE_list(
+    "worker_hosts", [], "Classic cluster flags: comma-separated host:port of the workers."
+)
 flags.DEFINE_string("chief_host", None, "Classic cluster flags: host:port of the chief.")
 flags.DEFINE_string("evaluator_host", None, "Classic cluster flags: host:port of the evaluator.")
-flags.DEFINE_float("startup_timeout_s", 120.0, "How long to wait for peer tasks before naming those missing.")
-flags.DEFINE_float("chief_gone_grace_s", 60.0,
-                   "A serving task gives up on a chief that has been unreachable this long without marking "
-                   "training done, and exits with the retryable code 201 (0: wait forever).")
-flags.DEFINE_float("evaluator_timeout_s", 3600.0, "The evaluator gives up after this long without a new checkpoint.")
+flags.DEFINE_float(
+    "startup_timeout_s", 120.0, "How long to wait for peer tasks before naming those missing."
+)
+flags.DEFINE_float(
+    "chief_gone_grace_s",
+    60.0,
+    "A serving task gives up on a chief that has been unreachable this long without marking "
+    "training done, and exits with the retryable code 201 (0: wait forever).",
+)
+flags.DEFINE_float(
+    "evaluator_timeout_s",
+    3600.0,
+    "The evaluator gives up after this long without a new checkpoint.",
+)
 
 
 def _fail(role: str, message: str, code: int, *, hard: bool = False) -> None:
@@ -54,7 +75,11 @@ def _fail(role: str, message: str, code: int, *, hard: bool = False) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        _fail("tfdist-train", f"unexpected arguments {argv[1:]}; pass settings as --flags or --gin_bindings.", EXIT_CONFIG)
+        _fail(
+            "tfdist-train",
+            f"unexpected arguments {argv[1:]}; pass settings as --flags or --gin_bindings.",
+            EXIT_CONFIG,
+        )
     from tfdist_trainer import cluster as cluster_lib
     from tfdist_trainer.logs import set_role
 
@@ -62,25 +87,40 @@ def main(argv: list[str]) -> None:
     role = "tfdist-train"
     try:
         cluster = cluster_lib.resolve(
-            os.environ, job_name=FLAGS.job_name, task_index=FLAGS.task_index, ps_hosts=FLAGS.ps_hosts,
-            worker_hosts=FLAGS.worker_hosts, chief_host=FLAGS.chief_host, evaluator_host=FLAGS.evaluator_host)
+            os.environ,
+            job_name=FLAGS.job_name,
+            task_index=FLAGS.task_index,
+            ps_hosts=FLAGS.ps_hosts,
+            worker_hosts=FLAGS.worker_hosts,
+            chief_host=FLAGS.chief_host,
+            evaluator_host=FLAGS.evaluator_host,
+        )
         role = cluster.role
         set_role(role)
         if not FLAGS.model_dir:
-            raise cluster_lib.ClusterConfigError("--model_dir is required; every task of a job needs the same one.")
+            raise cluster_lib.ClusterConfigError(
+                "--model_dir is required; every task of a job needs the same one."
+            )
         if FLAGS.model_dir.startswith("ram://") and not cluster.is_local:
             raise cluster_lib.ClusterConfigError(
                 f"--model_dir {FLAGS.model_dir} is in-memory and private to one process, but the tasks of a "
-                f"cluster must share it; use a path every task sees, or gs://, s3:// or file://.")
-        from tfdist_trainer import storage  # model_dir may be any URI tf.io.gfile knows (gs://, s3://, file://)
+                f"cluster must share it; use a path every task sees, or gs://, s3:// or file://."
+            )
+        from tfdist_trainer import (
+            storage,  # model_dir may be any URI tf.io.gfile knows (gs://, s3://, file://)
+        )
+
         try:
             if storage.exists(FLAGS.model_dir) and not storage.isdir(FLAGS.model_dir):
                 raise cluster_lib.ClusterConfigError(
-                    f"--model_dir {FLAGS.model_dir} is a file, not a directory; pick another path.")
+                    f"--model_dir {FLAGS.model_dir} is a file, not a directory; pick another path."
+                )
         except storage.StorageError as e:
-            raise cluster_lib.ClusterConfigError(f"--model_dir {FLAGS.model_dir} cannot be used ({e}); "
-                                                 f"pick another path.") from None
+            raise cluster_lib.ClusterConfigError(
+                f"--model_dir {FLAGS.model_dir} cannot be used ({e}); pick another path."
+            ) from None
         from tfdist_trainer.config import load_experiment
+
         experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
         strategy_config = experiment.strategy_config
         strategy_config.validate(cluster)
@@ -92,8 +132,14 @@ def main(argv: list[str]) -> None:
         try:
             peers = strategy_config.peers(cluster)
             if peers:
-                logging.info("waiting up to %.0fs for %s", FLAGS.startup_timeout_s, ", ".join(p.name for p in peers))
-            cluster_lib.wait_for_tasks(peers, timeout_s=FLAGS.startup_timeout_s, waiting_for=f" (waited for by {role})")
+                logging.info(
+                    "waiting up to %.0fs for %s",
+                    FLAGS.startup_timeout_s,
+                    ", ".join(p.name for p in peers),
+                )
+            cluster_lib.wait_for_tasks(
+                peers, timeout_s=FLAGS.startup_timeout_s, waiting_for=f" (waited for by {role})"
+            )
         finally:
             if holder is not None:
                 holder.close()
@@ -107,33 +153,53 @@ def main(argv: list[str]) -> None:
     else:
         os.environ.pop("TF_CONFIG", None)
     try:
-        storage.makedirs(FLAGS.model_dir, private=True)  # a local one is user-only: logs, config, weights
-    except OSError as e:  # e.g. a file by that name, or no permission: one sentence, not a traceback
-        _fail(role, f"--model_dir {FLAGS.model_dir} cannot be used as a directory ({e.strerror or e}); "
-                    f"pick another path.", EXIT_CONFIG)
+        storage.makedirs(
+            FLAGS.model_dir, private=True
+        )  # a local one is user-only: logs, config, weights
+    except (
+        OSError
+    ) as e:  # e.g. a file by that name, or no permission: one sentence, not a traceback
+        _fail(
+            role,
+            f"--model_dir {FLAGS.model_dir} cannot be used as a directory ({e.strerror or e}); "
+            f"pick another path.",
+            EXIT_CONFIG,
+        )
     logging.info("%s as %s under %s", action.value, role, strategy_config.name)
 
     from tfdist_trainer import controller
+
     try:
         if action.value == "serve":
             from tfdist_trainer import server
+
             server.serve(cluster, FLAGS.model_dir, chief_gone_grace_s=FLAGS.chief_gone_grace_s)
         elif action.value == "evaluate":
             from tfdist_trainer import evaluator
-            evaluator.run_evaluator(experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s)
+
+            evaluator.run_evaluator(
+                experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s
+            )
         else:
             controller.run_training(experiment, cluster, FLAGS.model_dir)
-    except errors.TfdistError as e:  # the package's own errors: one sentence; anything else keeps its traceback
+    except (
+        errors.TfdistError
+    ) as e:  # the package's own errors: one sentence; anything else keeps its traceback
         _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=e.hard_exit)
     except controller.PEER_LOST_ERRORS as e:
         first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]
-        _fail(role, f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "
-                    f"restart it and this task to resume from the last checkpoint.", EXIT_PEER_LOST)
+        _fail(
+            role,
+            f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "
+            f"restart it and this task to resume from the last checkpoint.",
+            EXIT_PEER_LOST,
+        )
 
 
 def run() -> None:
     """Console-script entry point."""
     from tfdist_trainer.config import one_line_flags_parser
+
     app.run(main, flags_parser=one_line_flags_parser("tfdist-train", EXIT_CONFIG))
 
 

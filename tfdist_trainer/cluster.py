@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+
 from tfdist_trainer.errors import ClusterConfigError  # noqa: F401  (re-exported)
 
 CHIEF = "chief"
@@ -113,8 +114,11 @@ class ClusterConfig:
         """TF_CONFIG as TensorFlow expects it: normalized, evaluator removed for trainers."""
         if self.is_local:
             return ""
-        cluster = self.training_cluster() if self.task_type != EVALUATOR else {
-            t: list(a) for t, a in self.cluster.items()}
+        cluster = (
+            self.training_cluster()
+            if self.task_type != EVALUATOR
+            else {t: list(a) for t, a in self.cluster.items()}
+        )
         config = {
             "cluster": cluster,
             "task": {"type": self.task_type, "index": self.task_id},
@@ -126,6 +130,7 @@ class ClusterConfig:
 
 
 # -- parsing -----------------------------------------------------------------
+
 
 def _normalize_type(task_type: str, where: str) -> str:
     if not isinstance(task_type, str) or not task_type:
@@ -144,31 +149,47 @@ def _check_address(address: object, where: str) -> str:
         raise ClusterConfigError(f"{where}: address {address!r} must look like host:port.")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ClusterConfigError(f"{where}: address {address!r} must look like host:port with a port in 1..65535.")
+        raise ClusterConfigError(
+            f"{where}: address {address!r} must look like host:port with a port in 1..65535."
+        )
     return address
 
 
-def _validated(cluster: Mapping[str, Sequence[str]], task_type: str | None, task_id: int,
-               rpc_layer: str, environment: str | None, where: str) -> ClusterConfig:
+def _validated(
+    cluster: Mapping[str, Sequence[str]],
+    task_type: str | None,
+    task_id: int,
+    rpc_layer: str,
+    environment: str | None,
+    where: str,
+) -> ClusterConfig:
     normalized: dict[str, tuple[str, ...]] = {}
     for raw_type, addresses in cluster.items():
         t = _normalize_type(raw_type, where)
         if isinstance(addresses, str):
             addresses = [addresses]
         if not isinstance(addresses, (list, tuple)) or not addresses:
-            raise ClusterConfigError(f"{where}: cluster[{raw_type!r}] must be a non-empty list of host:port.")
+            raise ClusterConfigError(
+                f"{where}: cluster[{raw_type!r}] must be a non-empty list of host:port."
+            )
         normalized[t] = tuple(_check_address(a, f"{where} {t}") for a in addresses)
     if normalized.get(CHIEF) and len(normalized[CHIEF]) != 1:
-        raise ClusterConfigError(f"{where}: a cluster has exactly one chief, got {len(normalized[CHIEF])}.")
+        raise ClusterConfigError(
+            f"{where}: a cluster has exactly one chief, got {len(normalized[CHIEF])}."
+        )
     seen: dict[str, str] = {}
     for t, addresses in normalized.items():
         for i, a in enumerate(addresses):
             if a in seen:
-                raise ClusterConfigError(f"{where}: {t}:{i} and {seen[a]} both use address {a}; give each task its own port.")
+                raise ClusterConfigError(
+                    f"{where}: {t}:{i} and {seen[a]} both use address {a}; give each task its own port."
+                )
             seen[a] = f"{t}:{i}"
     if normalized:
         if task_type is None:
-            raise ClusterConfigError(f"{where}: the cluster is set but this task's type is not; set task.type (or --job_name).")
+            raise ClusterConfigError(
+                f"{where}: the cluster is set but this task's type is not; set task.type (or --job_name)."
+            )
         task_type = _normalize_type(task_type, where)
         if task_type not in normalized:
             raise ClusterConfigError(
@@ -184,11 +205,18 @@ def _validated(cluster: Mapping[str, Sequence[str]], task_type: str | None, task
                 f"task{'s' if count != 1 else ''} (valid: 0..{count - 1})."
             )
     elif task_type is not None:
-        raise ClusterConfigError(f"{where}: task type {task_type!r} is set but the cluster is empty.")
+        raise ClusterConfigError(
+            f"{where}: task type {task_type!r} is set but the cluster is empty."
+        )
     if rpc_layer not in ("grpc", "grpc+verbs", "grpc+mpi", ""):
         raise ClusterConfigError(f"{where}: rpc_layer {rpc_layer!r} is not supported; use 'grpc'.")
-    return ClusterConfig(cluster=normalized, task_type=task_type, task_id=task_id,
-                         rpc_layer=rpc_layer or "grpc", environment=environment)
+    return ClusterConfig(
+        cluster=normalized,
+        task_type=task_type,
+        task_id=task_id,
+        rpc_layer=rpc_layer or "grpc",
+        environment=environment,
+    )
 
 
 def from_tf_config(text: str) -> ClusterConfig:
@@ -197,20 +225,30 @@ def from_tf_config(text: str) -> ClusterConfig:
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ClusterConfigError(f"TF_CONFIG is not valid JSON ({e.msg} at position {e.pos}); fix the TF_CONFIG environment variable.") from None
+        raise ClusterConfigError(
+            f"TF_CONFIG is not valid JSON ({e.msg} at position {e.pos}); fix the TF_CONFIG environment variable."
+        ) from None
     if not isinstance(config, dict):
         raise ClusterConfigError("TF_CONFIG must be a JSON object with 'cluster' and 'task'.")
     cluster = config.get("cluster") or {}
     if not isinstance(cluster, dict):
-        raise ClusterConfigError("TF_CONFIG: 'cluster' must be an object mapping task types to address lists.")
+        raise ClusterConfigError(
+            "TF_CONFIG: 'cluster' must be an object mapping task types to address lists."
+        )
     task = config.get("task") or {}
     if not isinstance(task, dict):
         raise ClusterConfigError("TF_CONFIG: 'task' must be an object with 'type' and 'index'.")
     index = task.get("index", 0)
     if isinstance(index, str) and index.isdigit():
         index = int(index)
-    return _validated(cluster, task.get("type"), index, config.get("rpc_layer", "grpc"),
-                      config.get("environment"), where)
+    return _validated(
+        cluster,
+        task.get("type"),
+        index,
+        config.get("rpc_layer", "grpc"),
+        config.get("environment"),
+        where,
+    )
 
 
 def _split_hosts(value: str | Sequence[str] | None) -> list[str]:
@@ -221,24 +259,39 @@ def _split_hosts(value: str | Sequence[str] | None) -> list[str]:
     return [h.strip() for item in value for h in item.split(",") if h.strip()]
 
 
-def from_flags(*, job_name: str | None, task_index: int = 0, ps_hosts=None, worker_hosts=None,
-               chief_host=None, evaluator_host=None) -> ClusterConfig:
+def from_flags(
+    *,
+    job_name: str | None,
+    task_index: int = 0,
+    ps_hosts=None,
+    worker_hosts=None,
+    chief_host=None,
+    evaluator_host=None,
+) -> ClusterConfig:
     """Builds the cluster from the classic per-task flags (``--job_name=ps --task_index=0 ...``)."""
     cluster = {}
-    for task_type, hosts in ((CHIEF, chief_host), (WORKER, worker_hosts), (PS, ps_hosts),
-                             (EVALUATOR, evaluator_host)):
+    for task_type, hosts in (
+        (CHIEF, chief_host),
+        (WORKER, worker_hosts),
+        (PS, ps_hosts),
+        (EVALUATOR, evaluator_host),
+    ):
         hosts = _split_hosts(hosts)
         if hosts:
             cluster[task_type] = hosts
     return _validated(cluster, job_name or None, task_index, "grpc", None, "cluster flags")
 
 
-def resolve(environ: Mapping[str, str], *, job_name: str | None = None, **flag_values) -> ClusterConfig:
+def resolve(
+    environ: Mapping[str, str], *, job_name: str | None = None, **flag_values
+) -> ClusterConfig:
     """The cluster from flags when ``--job_name`` is given, else from TF_CONFIG, else a lone process."""
     has_hosts = any(_split_hosts(v) for v in flag_values.values() if not isinstance(v, int))
     if job_name or has_hosts:
         if not job_name:
-            raise ClusterConfigError("cluster flags: --*_hosts are set but --job_name is not; add --job_name (and --task_index).")
+            raise ClusterConfigError(
+                "cluster flags: --*_hosts are set but --job_name is not; add --job_name (and --task_index)."
+            )
         return from_flags(job_name=job_name, **flag_values)
     text = environ.get("TF_CONFIG", "").strip()
     if text:
@@ -247,6 +300,7 @@ def resolve(environ: Mapping[str, str], *, job_name: str | None = None, **flag_v
 
 
 # -- the network, checked before TF starts ----------------------------------
+
 
 def port_is_free(port: int) -> bool:
     """Whether a TF server could listen on ``port`` (it binds 0.0.0.0 whatever the host says)."""
@@ -310,8 +364,9 @@ class PortHolder:
         self._sock.close()
 
 
-def wait_for_tasks(tasks: Sequence[TaskAddress], *, timeout_s: float, poll_s: float = 0.25,
-                   waiting_for: str = "") -> None:
+def wait_for_tasks(
+    tasks: Sequence[TaskAddress], *, timeout_s: float, poll_s: float = 0.25, waiting_for: str = ""
+) -> None:
     """Blocks until every task accepts TCP connections, or names those that never did."""
     pending = list(tasks)
     deadline = time.monotonic() + timeout_s

@@ -9,6 +9,7 @@ import tokenize
 from collections.abc import Sequence
 
 import gin
+
 from tfdist_trainer.errors import ConfigError
 
 
@@ -20,7 +21,9 @@ def import_modules(modules: Sequence[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as e:
-            raise ConfigError(f"--module {name} could not be imported ({e}); check the name and PYTHONPATH.") from None
+            raise ConfigError(
+                f"--module {name} could not be imported ({e}); check the name and PYTHONPATH."
+            ) from None
 
 
 def check_gin_files(gin_files: Sequence[str]) -> None:
@@ -45,7 +48,9 @@ def _gin_problem(e: BaseException, gin_bindings: Sequence[str] = ()) -> str:
         return f"{(e.msg or 'syntax error').rstrip('.')}{f' in `{text}`' if text else ''} ({where})"
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     message = lines[0].rstrip(".") if lines else type(e).__name__
-    if len(lines) >= 3 and lines[1].startswith("In "):  # '  In file "x.gin", line 3' then the statement
+    if len(lines) >= 3 and lines[1].startswith(
+        "In "
+    ):  # '  In file "x.gin", line 3' then the statement
         message += f" in `{lines[2]}` ({lines[1][3:]})"
     return message
 
@@ -57,20 +62,31 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
         sys.path.insert(0, os.getcwd())
     gin.clear_config()
     try:
-        gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False)
+        gin.parse_config_files_and_bindings(
+            list(gin_files), list(gin_bindings), finalize_config=False
+        )
     except ImportError as e:
-        raise ConfigError(f"a gin 'import' failed ({_gin_problem(e)}); make the module importable from the working directory or PYTHONPATH.") from None
+        raise ConfigError(
+            f"a gin 'import' failed ({_gin_problem(e)}); make the module importable from the working directory or PYTHONPATH."
+        ) from None
     except (ValueError, KeyError, SyntaxError, tokenize.TokenError) as e:
-        raise ConfigError(f"bad gin configuration: {_gin_problem(e, gin_bindings)}; fix the binding or the --gin_file.") from None
-    except IOError as e:
-        raise ConfigError(f"gin include could not be read ({_gin_problem(e)}); check the include path.") from None
+        raise ConfigError(
+            f"bad gin configuration: {_gin_problem(e, gin_bindings)}; fix the binding or the --gin_file."
+        ) from None
+    except OSError as e:
+        raise ConfigError(
+            f"gin include could not be read ({_gin_problem(e)}); check the include path."
+        ) from None
 
 
-def load_experiment(gin_files: Sequence[str], gin_bindings: Sequence[str], modules: Sequence[str] = ()):
+def load_experiment(
+    gin_files: Sequence[str], gin_bindings: Sequence[str], modules: Sequence[str] = ()
+):
     """Imports, parses and builds the gin-configured Experiment (``train.*``)."""
     check_gin_files(gin_files)
     # Registers the package's own configurables (strategies, Trainer) before parsing.
     from tfdist_trainer import experiment
+
     import_modules(modules)
     parse_gin(gin_files, gin_bindings)
     try:
@@ -88,6 +104,11 @@ def one_line_flags_parser(program: str, exit_code: int = 2):
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:
-            print(f"[{program}] error: {e}; see --helpshort for the flags.", file=sys.stderr, flush=True)
+            print(
+                f"[{program}] error: {e}; see --helpshort for the flags.",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(exit_code)
+
     return parse

@@ -21,9 +21,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import hooks as hooks_lib
-from tfdist_trainer import loops
-from tfdist_trainer import markers
-from tfdist_trainer import storage
+from tfdist_trainer import loops, markers, storage
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import WORKER, ClusterConfig
 from tfdist_trainer.errors import ClusterStalledError, ConfigError, Preempted
@@ -34,17 +32,30 @@ from tfdist_trainer.trainer import Trainer
 
 #: Errors that mean another task of the cluster is gone (a ps under parameter_server,
 #: a peer under multi_worker_mirrored); restarting the job from its checkpoint fixes them.
-PEER_LOST_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-                    tf.errors.DeadlineExceededError)
+PEER_LOST_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+)
 
 
 class RunContext:
     """Everything a hook may touch during one training run of one task."""
 
-    def __init__(self, *, experiment: Experiment, cluster: ClusterConfig, model_dir: str,
-                 strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
-                 checkpointer: Checkpointer, evaluator: loops.EvalLoop,
-                 max_over_workers: Callable[[int], int] | None):
+    def __init__(
+        self,
+        *,
+        experiment: Experiment,
+        cluster: ClusterConfig,
+        model_dir: str,
+        strategy: tf.distribute.Strategy,
+        trainer: Trainer,
+        global_step: tf.Variable,
+        checkpointer: Checkpointer,
+        evaluator: loops.EvalLoop,
+        max_over_workers: Callable[[int], int] | None,
+    ):
         self.experiment = experiment
         self.cluster = cluster
         self.model_dir = model_dir
@@ -53,7 +64,9 @@ class RunContext:
         self.global_step = global_step
         self.checkpointer = checkpointer
         self.evaluator = evaluator
-        self.record = MetricsRecord(storage.join(model_dir, "metrics.jsonl"), enabled=cluster.is_chief)
+        self.record = MetricsRecord(
+            storage.join(model_dir, "metrics.jsonl"), enabled=cluster.is_chief
+        )
         self.summaries = Summaries(model_dir, enabled=cluster.is_chief)
         self.tags = trainer_tags(trainer)
         self.target_step = experiment.train_steps
@@ -94,8 +107,14 @@ class RunContext:
     def evaluate(self) -> dict[str, float]:
         if not self.evaluator.enabled:
             return {}
-        values = report_eval(self.evaluator.evaluate(), step=self.step, tags=self.tags, record=self.record,
-                             summaries=self.summaries, log=self.log_info)
+        values = report_eval(
+            self.evaluator.evaluate(),
+            step=self.step,
+            tags=self.tags,
+            record=self.record,
+            summaries=self.summaries,
+            log=self.log_info,
+        )
         self.last_eval, self.last_eval_step = values, self.step
         return values
 
@@ -107,18 +126,22 @@ class RunContext:
         """
         self.checkpointer.save(self.step)
         local = build_model(self.trainer)
-        tf.train.Checkpoint(model=local).read(tf.train.latest_checkpoint(self.model_dir)).expect_partial()
+        tf.train.Checkpoint(model=local).read(
+            tf.train.latest_checkpoint(self.model_dir)
+        ).expect_partial()
         local.export(path, format="tf_saved_model", verbose=False)
         logging.info("exported a SavedModel with a serving signature to %s", path)
 
     def next_loop_end(self, hooks: Sequence[hooks_lib.Hook]) -> int:
-        ends = [self.target_step] + [(self.step // h.every_n_steps + 1) * h.every_n_steps
-                                     for h in hooks if h.every_n_steps]
+        ends = [self.target_step] + [
+            (self.step // h.every_n_steps + 1) * h.every_n_steps for h in hooks if h.every_n_steps
+        ]
         return min(ends)
 
 
 def _max_over_workers_fn(strategy: tf.distribute.Strategy):
     """An int -> int function giving the maximum over all synchronous replicas (a collective)."""
+
     @tf.function
     def max_over_workers(value):
         votes = strategy.run(lambda: tf.reshape(value, [1]))
@@ -135,7 +158,9 @@ class _TerminationSignal:
         signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum, frame):
-        logging.warning("SIGTERM received: saving a checkpoint after the current loop, then exiting")
+        logging.warning(
+            "SIGTERM received: saving a checkpoint after the current loop, then exiting"
+        )
         self.received = True
 
 
@@ -152,7 +177,9 @@ def _write_run_config(run: RunContext) -> None:
 def _write_operative_config(run: RunContext) -> None:
     """After training, gin knows which bindings were really used: save those too."""
     if run.cluster.is_chief:
-        storage.write_text(storage.join(run.model_dir, "operative_config.gin"), gin.operative_config_str())
+        storage.write_text(
+            storage.join(run.model_dir, "operative_config.gin"), gin.operative_config_str()
+        )
 
 
 #: The longest a chief waits for its last checkpoint after the watchdog fired.
@@ -172,7 +199,11 @@ def _save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: 
     """
     run.refresh_step()
     kept = run.checkpointer.latest_step()
-    kept_text = f"the last checkpoint (step {kept}) is kept" if kept is not None else "no checkpoint exists yet"
+    kept_text = (
+        f"the last checkpoint (step {kept}) is kept"
+        if kept is not None
+        else "no checkpoint exists yet"
+    )
     if stalled.silent:
         return f"no checkpoint was written (a save must reach every worker); {kept_text}"
     outcome: list[str] = []
@@ -187,7 +218,11 @@ def _save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: 
     saver = threading.Thread(target=save, name="tfdist-stall-save", daemon=True)
     saver.start()
     saver.join(timeout_s)
-    return outcome[0] if outcome else f"no checkpoint could be written within {timeout_s:g}s; {kept_text}"
+    return (
+        outcome[0]
+        if outcome
+        else f"no checkpoint could be written within {timeout_s:g}s; {kept_text}"
+    )
 
 
 def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> dict[str, Any]:
@@ -198,26 +233,42 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     try:
         config.prepare_devices()
         strategy = config.create(cluster)
-    except RuntimeError as e:  # "cannot be modified after being initialized", "must be configured at startup"
+    except (
+        RuntimeError
+    ) as e:  # "cannot be modified after being initialized", "must be configured at startup"
         raise ConfigError(
             f"TensorFlow was already running when the {config.name} strategy was set up ({str(e).strip()}); "
             f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
-            f"into the Trainer's methods.") from None
-    if experiment.jit_compile and (not config.supports_jit_compile or (
-            strategy.num_replicas_in_sync > 1 and all("CPU" in d.upper() for d in strategy.extended.worker_devices))):
+            f"into the Trainer's methods."
+        ) from None
+    if experiment.jit_compile and (
+        not config.supports_jit_compile
+        or (
+            strategy.num_replicas_in_sync > 1
+            and all("CPU" in d.upper() for d in strategy.extended.worker_devices)
+        )
+    ):
         raise ConfigError(
             f"train.jit_compile=True cannot run {config.name} over several devices of one process: XLA puts "
             f"every step on one device, away from variables on the others; use it with one_device, or "
-            f"mirrored / multi_worker_mirrored on GPUs.")
+            f"mirrored / multi_worker_mirrored on GPUs."
+        )
     coordinator = config.create_coordinator(strategy)
-    logging.info("strategy %s with %d replica(s) in sync", config.name, strategy.num_replicas_in_sync)
+    logging.info(
+        "strategy %s with %d replica(s) in sync", config.name, strategy.num_replicas_in_sync
+    )
 
     if experiment.mixed_precision:
         keras.mixed_precision.set_global_policy(experiment.mixed_precision)
     trainer = experiment.trainer_cls()
     global_step, checkpoint = build_state(trainer, strategy, strategy_config=config)
-    checkpointer = Checkpointer(model_dir=model_dir, cluster=cluster, checkpoint=checkpoint,
-                                global_step=global_step, keep=experiment.keep_checkpoints)
+    checkpointer = Checkpointer(
+        model_dir=model_dir,
+        cluster=cluster,
+        checkpoint=checkpoint,
+        global_step=global_step,
+        keep=experiment.keep_checkpoints,
+    )
     checkpointer.restore()
     if cluster.is_chief:
         log_placement(trainer)
@@ -226,20 +277,42 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     max_over_workers = _max_over_workers_fn(strategy) if synchronous_workers else None
     steps_per_loop = experiment.steps_per_loop
     if experiment.auto_steps_per_loop:
-        steps_per_loop = loops.StepsPerLoopTuner(initial=min(8, experiment.steps_per_loop), agree=max_over_workers)
+        steps_per_loop = loops.StepsPerLoopTuner(
+            initial=min(8, experiment.steps_per_loop), agree=max_over_workers
+        )
     if coordinator is None:
-        loop = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop, jit_compile=experiment.jit_compile,
-                               step_fn=config.train_step_fn(trainer))
+        loop = loops.TrainLoop(
+            strategy,
+            trainer,
+            global_step,
+            steps_per_loop,
+            jit_compile=experiment.jit_compile,
+            step_fn=config.train_step_fn(trainer),
+        )
     else:
-        loop = loops.ScheduledTrainLoop(strategy, coordinator, trainer, global_step, steps_per_loop,
-                                        jit_compile=experiment.jit_compile, step_fn=config.train_step_fn(trainer),
-                                        num_workers=cluster.num_tasks(WORKER),
-                                        stall_timeout_s=config.stall_timeout_s,
-                                        worker_addresses=[t.address for t in cluster.tasks((WORKER,))])
-    run = RunContext(experiment=experiment, cluster=cluster, model_dir=model_dir, strategy=strategy,
-                     trainer=trainer, global_step=global_step, checkpointer=checkpointer,
-                     evaluator=loops.EvalLoop(trainer, strategy, distributed=coordinator is None),
-                     max_over_workers=max_over_workers)
+        loop = loops.ScheduledTrainLoop(
+            strategy,
+            coordinator,
+            trainer,
+            global_step,
+            steps_per_loop,
+            jit_compile=experiment.jit_compile,
+            step_fn=config.train_step_fn(trainer),
+            num_workers=cluster.num_tasks(WORKER),
+            stall_timeout_s=config.stall_timeout_s,
+            worker_addresses=[t.address for t in cluster.tasks((WORKER,))],
+        )
+    run = RunContext(
+        experiment=experiment,
+        cluster=cluster,
+        model_dir=model_dir,
+        strategy=strategy,
+        trainer=trainer,
+        global_step=global_step,
+        checkpointer=checkpointer,
+        evaluator=loops.EvalLoop(trainer, strategy, distributed=coordinator is None),
+        max_over_workers=max_over_workers,
+    )
     termination = _TerminationSignal()
     hooks = experiment.hooks
     if cluster.is_chief:
@@ -253,18 +326,24 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             try:
                 result = loop.train(run.next_loop_end(hooks) - run.step)
             except ClusterStalledError as stalled:
-                saved = _save_after_stall(run, stalled, min(STALL_SAVE_TIMEOUT_S, config.stall_timeout_s))
+                saved = _save_after_stall(
+                    run, stalled, min(STALL_SAVE_TIMEOUT_S, config.stall_timeout_s)
+                )
                 raise ClusterStalledError(
                     f"{stalled}; {saved}; exiting with code {ClusterStalledError.exit_code} (retryable): a restart "
                     f"policy (OnFailure or ExitCode) restarts the chief and the ps, which resume from the last "
-                    f"checkpoint once the workers answer again.", stalled.silent) from None
+                    f"checkpoint once the workers answer again.",
+                    stalled.silent,
+                ) from None
             run.refresh_step()
             for hook in hooks:
                 hook.after_loop(run, result)
             if run.agree(termination.received):
                 checkpointer.save(run.step)
-                raise Preempted(f"stopped by SIGTERM at step {run.step} after saving a checkpoint; "
-                                f"run the same command again to resume.")
+                raise Preempted(
+                    f"stopped by SIGTERM at step {run.step} after saving a checkpoint; "
+                    f"run the same command again to resume."
+                )
     except hooks_lib.StopTraining as stop:
         logging.info("stopping early: %s", stop)
     for hook in hooks:
@@ -272,6 +351,11 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     _write_operative_config(run)
     if cluster.is_chief:
         markers.mark_done(model_dir, run.step)
-    logging.info("training done at step %d in %.1fs (%d steps this run); weights fingerprint %s", run.step,
-                 time.monotonic() - start_time, run.step - start_step, weights_fingerprint(trainer.model))
+    logging.info(
+        "training done at step %d in %.1fs (%d steps this run); weights fingerprint %s",
+        run.step,
+        time.monotonic() - start_time,
+        run.step - start_step,
+        weights_fingerprint(trainer.model),
+    )
     return {"step": run.step, **run.last_train, **run.last_eval}

@@ -31,13 +31,16 @@ def worker_input_context(num_workers: int) -> tf.distribute.InputContext:
     worker's index when the dataset is created on that worker.
     """
     index = tf.distribute.coordinator.experimental_get_current_worker_index()
-    return tf.distribute.InputContext(num_input_pipelines=num_workers, input_pipeline_id=index,
-                                      num_replicas_in_sync=1)
+    return tf.distribute.InputContext(
+        num_input_pipelines=num_workers, input_pipeline_id=index, num_replicas_in_sync=1
+    )
 
 
 def single_pipeline_context() -> tf.distribute.InputContext:
     """The context for data read whole by one process (evaluation, the evaluator side-car)."""
-    return tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1)
+    return tf.distribute.InputContext(
+        num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1
+    )
 
 
 def process_input_context(strategy: tf.distribute.Strategy) -> tf.distribute.InputContext:
@@ -53,8 +56,11 @@ def process_input_context(strategy: tf.distribute.Strategy) -> tf.distribute.Inp
     if not chiefs + workers:
         return tf.distribute.InputContext(1, 0, strategy.num_replicas_in_sync)
     index = resolver.task_id + (chiefs if resolver.task_type == "worker" else 0)
-    return tf.distribute.InputContext(num_input_pipelines=chiefs + workers, input_pipeline_id=index,
-                                      num_replicas_in_sync=strategy.num_replicas_in_sync)
+    return tf.distribute.InputContext(
+        num_input_pipelines=chiefs + workers,
+        input_pipeline_id=index,
+        num_replicas_in_sync=strategy.num_replicas_in_sync,
+    )
 
 
 class SyncInput:
@@ -83,18 +89,25 @@ class SyncInput:
         self.local_replicas = strategy.num_replicas_in_sync // self.context.num_input_pipelines
         devices = _replica_devices(strategy)
         self.distributed = self.local_replicas > 1 and any(
-            tf.DeviceSpec.from_string(d).device_type not in (None, "CPU") for d in devices)
+            tf.DeviceSpec.from_string(d).device_type not in (None, "CPU") for d in devices
+        )
         if self.distributed:
             self.iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
             return
-        host = tf.DeviceSpec.from_string(devices[0]).replace(device_type="CPU", device_index=0).to_string()
+        host = (
+            tf.DeviceSpec.from_string(devices[0])
+            .replace(device_type="CPU", device_index=0)
+            .to_string()
+        )
         with tf.device(host):
             self.iterator = iter(dataset_fn(self.context))
 
     def describe(self) -> str:
         kind = "TF's distributed iterator" if self.distributed else "a plain iterator on the host"
-        return (f"input pipeline {self.context.input_pipeline_id} of {self.context.num_input_pipelines}, "
-                f"{self.local_replicas} local replica(s), {kind}")
+        return (
+            f"input pipeline {self.context.input_pipeline_id} of {self.context.num_input_pipelines}, "
+            f"{self.local_replicas} local replica(s), {kind}"
+        )
 
     def next_batch(self, iterator):
         """One step's input: a per-replica value (or the one replica's batch) for `strategy.run`."""
@@ -103,7 +116,8 @@ class SyncInput:
         batches = [next(iterator) for _ in range(self.local_replicas)]
         # Replica ids count across workers (worker w's replicas are w * local + i).
         return self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: batches[ctx.replica_id_in_sync_group % self.local_replicas])
+            lambda ctx: batches[ctx.replica_id_in_sync_group % self.local_replicas]
+        )
 
 
 def _replica_devices(strategy: tf.distribute.Strategy) -> list[str]:

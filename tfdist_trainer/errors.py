@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-EXIT_FAILED = 1        # training itself failed (NaN loss, a bug)
-EXIT_CONFIG = 2        # the user's configuration or cluster is wrong
-EXIT_PREEMPTED = 143   # SIGTERM, after a checkpoint
-EXIT_PEER_LOST = 200   # a ps or peer worker died, or the parameter_server chief's watchdog saw workers go silent
-EXIT_CHIEF_LOST = 201  # a serving ps/worker gave up on a chief that vanished without marking training done
+EXIT_FAILED = 1  # training itself failed (NaN loss, a bug)
+EXIT_CONFIG = 2  # the user's configuration or cluster is wrong
+EXIT_PREEMPTED = 143  # SIGTERM, after a checkpoint
+EXIT_PEER_LOST = (
+    200  # a ps or peer worker died, or the parameter_server chief's watchdog saw workers go silent
+)
+EXIT_CHIEF_LOST = (
+    201  # a serving ps/worker gave up on a chief that vanished without marking training done
+)
 
 #: Exit codes no restart can fix; every other non-zero code is worth a restart.
 PERMANENT_EXIT_CODES = range(1, 128)

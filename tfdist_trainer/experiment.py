@@ -38,33 +38,59 @@ class Experiment:
         scaling: the optimizer is wrapped in keras.optimizers.LossScaleOptimizer).
     """
 
-    def __init__(self, *, trainer_cls: type | None = None, strategy: Any = OneDevice,
-                 train_steps: int = 1000, steps_per_loop: int | str | None = None,
-                 log_every_n_steps: int = 100, eval_every_n_steps: int | None = None,
-                 checkpoint_every_n_steps: int | None = 1000, keep_checkpoints: int = 3,
-                 extra_hooks: Sequence[Any] = (), seed: int | None = None, jit_compile: bool = False,
-                 mixed_precision: str | None = None):
+    def __init__(
+        self,
+        *,
+        trainer_cls: type | None = None,
+        strategy: Any = OneDevice,
+        train_steps: int = 1000,
+        steps_per_loop: int | str | None = None,
+        log_every_n_steps: int = 100,
+        eval_every_n_steps: int | None = None,
+        checkpoint_every_n_steps: int | None = 1000,
+        keep_checkpoints: int = 3,
+        extra_hooks: Sequence[Any] = (),
+        seed: int | None = None,
+        jit_compile: bool = False,
+        mixed_precision: str | None = None,
+    ):
         if trainer_cls is None:
-            raise ConfigError("train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer.")
+            raise ConfigError(
+                "train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer."
+            )
         if not (isinstance(trainer_cls, type) and _is_trainer(trainer_cls)):
-            raise ConfigError(f"train.trainer_cls must be a subclass of tfdist_trainer.Trainer, got {trainer_cls!r}.")
-        for name, value in (("train_steps", train_steps), ("log_every_n_steps", log_every_n_steps),
-                            ("keep_checkpoints", keep_checkpoints)):
+            raise ConfigError(
+                f"train.trainer_cls must be a subclass of tfdist_trainer.Trainer, got {trainer_cls!r}."
+            )
+        for name, value in (
+            ("train_steps", train_steps),
+            ("log_every_n_steps", log_every_n_steps),
+            ("keep_checkpoints", keep_checkpoints),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"train.{name} must be a positive integer, got {value!r}.")
         if mixed_precision not in (None, "mixed_bfloat16", "mixed_float16"):
-            raise ConfigError(f"train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16', "
-                             f"got {mixed_precision!r}.")
+            raise ConfigError(
+                f"train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16', "
+                f"got {mixed_precision!r}."
+            )
         if steps_per_loop == "auto":
             steps_per_loop_value = None
         elif isinstance(steps_per_loop, str):
-            raise ConfigError(f"train.steps_per_loop must be a positive integer, 'auto' or None, got {steps_per_loop!r}.")
+            raise ConfigError(
+                f"train.steps_per_loop must be a positive integer, 'auto' or None, got {steps_per_loop!r}."
+            )
         else:
             steps_per_loop_value = steps_per_loop
-        for name, value in (("steps_per_loop", steps_per_loop_value), ("eval_every_n_steps", eval_every_n_steps),
-                            ("checkpoint_every_n_steps", checkpoint_every_n_steps)):
+        for name, value in (
+            ("steps_per_loop", steps_per_loop_value),
+            ("eval_every_n_steps", eval_every_n_steps),
+            ("checkpoint_every_n_steps", checkpoint_every_n_steps),
+        ):
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"train.{name} must be a positive integer or None, got {value!r}.")
+                raise ConfigError(
+                    f"train.{name} must be a positive integer or None, got {value!r}."
+                )
         self.trainer_cls = trainer_cls
         self.strategy_config: StrategyConfig = as_strategy_config(strategy)
         self.train_steps = train_steps
@@ -74,8 +100,10 @@ class Experiment:
         self.mixed_precision = mixed_precision
         self.keep_checkpoints = keep_checkpoints
         self.hooks = hooks_lib.default_hooks(
-            log_every_n_steps=log_every_n_steps, checkpoint_every_n_steps=checkpoint_every_n_steps,
-            eval_every_n_steps=eval_every_n_steps) + hooks_lib.as_hooks(extra_hooks)
+            log_every_n_steps=log_every_n_steps,
+            checkpoint_every_n_steps=checkpoint_every_n_steps,
+            eval_every_n_steps=eval_every_n_steps,
+        ) + hooks_lib.as_hooks(extra_hooks)
         self.seed = seed
 
 
@@ -86,5 +114,6 @@ def _is_trainer(cls: type) -> bool:
     already; anything else is not a Trainer, whatever it is.
     """
     import sys
+
     trainer_module = sys.modules.get("tfdist_trainer.trainer")
     return trainer_module is not None and issubclass(cls, trainer_module.Trainer)

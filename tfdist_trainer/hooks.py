@@ -22,8 +22,8 @@ import gin
 from absl import logging
 
 from tfdist_trainer import storage
-from tfdist_trainer.logs import format_tags
 from tfdist_trainer.errors import ConfigError, NonFiniteLossError, StorageError
+from tfdist_trainer.logs import format_tags
 
 if TYPE_CHECKING:
     from tfdist_trainer import loops
@@ -40,13 +40,13 @@ class Hook:
     #: A loop ends at every multiple of this many steps, so that after_loop sees it.
     every_n_steps: int | None = None
 
-    def begin(self, run: "RunContext") -> None:
+    def begin(self, run: RunContext) -> None:
         """Called once after the state is built and restored, before the first loop."""
 
-    def after_loop(self, run: "RunContext", result: loops.LoopResult) -> None:
+    def after_loop(self, run: RunContext, result: loops.LoopResult) -> None:
         """Called after every loop; raise StopTraining to stop."""
 
-    def end(self, run: "RunContext") -> None:
+    def end(self, run: RunContext) -> None:
         """Called once after the last loop (also after StopTraining)."""
 
     def _due(self, step: int) -> bool:
@@ -91,20 +91,36 @@ class NanGuard(Hook):
         restored = run.checkpointer.latest_step()
         if self.retries < self.max_retries and restored is not None:
             self.retries += 1
-            logging.warning("loss became %s at step %d; restoring the checkpoint of step %d and retrying "
-                            "(%d/%d)", result.loss, step, restored, self.retries, self.max_retries)
+            logging.warning(
+                "loss became %s at step %d; restoring the checkpoint of step %d and retrying "
+                "(%d/%d)",
+                result.loss,
+                step,
+                restored,
+                self.retries,
+                self.max_retries,
+            )
             run.checkpointer.restore()
             run.refresh_step()
             run.take_train_metrics()  # the rolled-back steps must not count in the next record
             result.retried = True
             return
-        kept = f"the last good checkpoint (step {restored}) is kept" if restored is not None else "no checkpoint was written"
-        retry = ("set NanGuard.max_retries to restore and retry" if not self.max_retries else
-                 f"raise NanGuard.max_retries (its {self.max_retries} used up)" if restored is not None else
-                 "checkpoint more often (NanGuard retries from a checkpoint)")
+        kept = (
+            f"the last good checkpoint (step {restored}) is kept"
+            if restored is not None
+            else "no checkpoint was written"
+        )
+        retry = (
+            "set NanGuard.max_retries to restore and retry"
+            if not self.max_retries
+            else f"raise NanGuard.max_retries (its {self.max_retries} used up)"
+            if restored is not None
+            else "checkpoint more often (NanGuard retries from a checkpoint)"
+        )
         raise NonFiniteLossError(
             f"the training loss became NaN or Inf at step {step}; {kept}. Lower the learning rate, "
-            f"check the data, or {retry}.")
+            f"check the data, or {retry}."
+        )
 
 
 @gin.configurable
@@ -144,16 +160,35 @@ class ProgressLogger(Hook):
         values = {"loss": self._loss_sum / max(self._loss_steps, 1), **run.take_train_metrics()}
         self._loss_sum, self._loss_steps = 0.0, 0
         eta = (run.target_step - run.step) / steps_per_s
-        run.log_info("step %d/%d %s steps/s=%.1f examples/s=%.0f ETA=%.0fs%s", run.step, run.target_step,
-                     _format(values), steps_per_s, steps_per_s * run.trainer.global_batch_size, eta,
-                     format_tags(run.tags))
-        run.record.write(kind="train", step=run.step, steps_per_s=steps_per_s,
-                         examples_per_s=steps_per_s * run.trainer.global_batch_size, **values, **run.tags)
+        run.log_info(
+            "step %d/%d %s steps/s=%.1f examples/s=%.0f ETA=%.0fs%s",
+            run.step,
+            run.target_step,
+            _format(values),
+            steps_per_s,
+            steps_per_s * run.trainer.global_batch_size,
+            eta,
+            format_tags(run.tags),
+        )
+        run.record.write(
+            kind="train",
+            step=run.step,
+            steps_per_s=steps_per_s,
+            examples_per_s=steps_per_s * run.trainer.global_batch_size,
+            **values,
+            **run.tags,
+        )
         run.last_train = values
-        run.summaries.scalars("train", run.step, {
-            **values, "steps_per_s": steps_per_s,
-            "examples_per_s": steps_per_s * run.trainer.global_batch_size,
-            "learning_rate": run.learning_rate()})
+        run.summaries.scalars(
+            "train",
+            run.step,
+            {
+                **values,
+                "steps_per_s": steps_per_s,
+                "examples_per_s": steps_per_s * run.trainer.global_batch_size,
+                "learning_rate": run.learning_rate(),
+            },
+        )
 
 
 @gin.configurable
@@ -163,19 +198,29 @@ class CheckpointHook(Hook):
     def __init__(self, every_n_steps: int | None = 1000, every_n_seconds: float | None = None):
         if every_n_steps is not None:
             _check_positive_int("train.checkpoint_every_n_steps", every_n_steps)
-        if every_n_seconds is not None and (isinstance(every_n_seconds, bool) or
-                                            not isinstance(every_n_seconds, (int, float)) or every_n_seconds <= 0):
-            raise ConfigError(f"CheckpointHook.every_n_seconds must be a positive number of seconds or None, "
-                              f"got {every_n_seconds!r}.")
+        if every_n_seconds is not None and (
+            isinstance(every_n_seconds, bool)
+            or not isinstance(every_n_seconds, (int, float))
+            or every_n_seconds <= 0
+        ):
+            raise ConfigError(
+                f"CheckpointHook.every_n_seconds must be a positive number of seconds or None, "
+                f"got {every_n_seconds!r}."
+            )
         self.every_n_steps = every_n_steps
         self.every_n_seconds = every_n_seconds
         self._last_time = time.monotonic()
 
     def begin(self, run):
-        self._last_time = time.monotonic()  # the clock starts with training, not when gin built the hook
+        self._last_time = (
+            time.monotonic()
+        )  # the clock starts with training, not when gin built the hook
 
     def after_loop(self, run, result):
-        by_time = bool(self.every_n_seconds) and time.monotonic() - self._last_time >= self.every_n_seconds
+        by_time = (
+            bool(self.every_n_seconds)
+            and time.monotonic() - self._last_time >= self.every_n_seconds
+        )
         # Every multi_worker_mirrored worker must take part in a save: agree on time-based ones.
         if self._due(run.step) or run.agree(by_time):
             run.checkpointer.save(run.step)
@@ -205,7 +250,13 @@ class EvalHook(Hook):
 class EarlyStopping(Hook):
     """Stops when an eval metric has not improved by min_delta for `patience` evaluations."""
 
-    def __init__(self, monitor: str = "eval_loss", mode: str = "min", patience: int = 3, min_delta: float = 0.0):
+    def __init__(
+        self,
+        monitor: str = "eval_loss",
+        mode: str = "min",
+        patience: int = 3,
+        min_delta: float = 0.0,
+    ):
         if mode not in ("min", "max"):
             raise ConfigError(f"EarlyStopping.mode must be 'min' or 'max', got {mode!r}.")
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
@@ -218,17 +269,24 @@ class EarlyStopping(Hook):
             return
         self._seen_step = run.last_eval_step
         if self.monitor not in run.last_eval:
-            raise ConfigError(f"EarlyStopping.monitor={self.monitor!r} is not an eval metric; "
-                             f"choose one of {sorted(run.last_eval)}.")
+            raise ConfigError(
+                f"EarlyStopping.monitor={self.monitor!r} is not an eval metric; "
+                f"choose one of {sorted(run.last_eval)}."
+            )
         value = run.last_eval[self.monitor]
-        better = self.best is None or (value < self.best - self.min_delta if self.mode == "min"
-                                       else value > self.best + self.min_delta)
+        better = self.best is None or (
+            value < self.best - self.min_delta
+            if self.mode == "min"
+            else value > self.best + self.min_delta
+        )
         if better:
             self.best, self.bad_evals = value, 0
             return
         self.bad_evals += 1
         if self.bad_evals >= self.patience:
-            raise StopTraining(f"{self.monitor} has not improved on {self.best:.4f} for {self.patience} evaluations")
+            raise StopTraining(
+                f"{self.monitor} has not improved on {self.best:.4f} for {self.patience} evaluations"
+            )
 
 
 @gin.configurable
@@ -243,19 +301,27 @@ class ExportSavedModel(Hook):
             return
         path = self.export_dir or storage.join(run.model_dir, "export", str(run.step))
         import tensorflow as tf
+
         try:
             run.export_saved_model(path)
         except (OSError, tf.errors.OpError) as e:
             message = (getattr(e, "message", None) or str(e)).strip().splitlines()[0]
-            raise StorageError(f"ExportSavedModel could not write {path} ({message}); the checkpoint of step "
-                               f"{run.step} is saved; pick another ExportSavedModel.export_dir.") from None
+            raise StorageError(
+                f"ExportSavedModel could not write {path} ({message}); the checkpoint of step "
+                f"{run.step} is saved; pick another ExportSavedModel.export_dir."
+            ) from None
 
 
-def default_hooks(*, log_every_n_steps: int, checkpoint_every_n_steps: int | None,
-                  eval_every_n_steps: int | None) -> list[Hook]:
+def default_hooks(
+    *, log_every_n_steps: int, checkpoint_every_n_steps: int | None, eval_every_n_steps: int | None
+) -> list[Hook]:
     """The hooks every run has; order matters (NaN check before any save)."""
-    return [NanGuard(), ProgressLogger(every_n_steps=log_every_n_steps),
-            CheckpointHook(every_n_steps=checkpoint_every_n_steps), EvalHook(every_n_steps=eval_every_n_steps)]
+    return [
+        NanGuard(),
+        ProgressLogger(every_n_steps=log_every_n_steps),
+        CheckpointHook(every_n_steps=checkpoint_every_n_steps),
+        EvalHook(every_n_steps=eval_every_n_steps),
+    ]
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -264,13 +330,17 @@ def _check_positive_int(name: str, value: Any) -> None:
 
 
 def as_hooks(values: Any) -> list[Hook]:
-    if isinstance(values, Hook) or isinstance(values, type):
-        raise ConfigError(f"train.extra_hooks must be a list, e.g. train.extra_hooks = [@EarlyStopping()], "
-                          f"got {values!r}.")
+    if isinstance(values, (Hook, type)):
+        raise ConfigError(
+            f"train.extra_hooks must be a list, e.g. train.extra_hooks = [@EarlyStopping()], "
+            f"got {values!r}."
+        )
     hooks = []
     for value in values or ():
         hook = value() if isinstance(value, type) else value
         if not isinstance(hook, Hook):
-            raise ConfigError(f"train.extra_hooks entries must be hooks such as @EarlyStopping(), got {value!r}.")
+            raise ConfigError(
+                f"train.extra_hooks entries must be hooks such as @EarlyStopping(), got {value!r}."
+            )
         hooks.append(hook)
     return hooks

@@ -45,15 +45,22 @@ from tfdist_trainer.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterConfig, 
 
 FLAVORS = ("tfjob", "indexed")
 DEFAULT_PORT = 2222
-CONTAINER = "tensorflow"        # the container the training operator injects TF_CONFIG into
+CONTAINER = "tensorflow"  # the container the training operator injects TF_CONFIG into
 JOB_LABEL = "tfdist-trainer/job"
 TYPE_LABEL = "tfdist-trainer/task-type"
 TFJOB_REPLICA_TYPES = {CHIEF: "Chief", WORKER: "Worker", PS: "PS", EVALUATOR: "Evaluator"}
 #: Exit codes Kubeflow's ExitCode policy treats as permanent (never retried): 1-127.
 PERMANENT_EXIT_CODES = list(errors.PERMANENT_EXIT_CODES)
 #: tfdist-train flags that describe the cluster; on Kubernetes TF_CONFIG does.
-CLUSTER_FLAGS = ("job_name", "task_type", "task_index", "ps_hosts", "worker_hosts", "chief_host",
-                 "evaluator_host")
+CLUSTER_FLAGS = (
+    "job_name",
+    "task_type",
+    "task_index",
+    "ps_hosts",
+    "worker_hosts",
+    "chief_host",
+    "evaluator_host",
+)
 _ORDER = (CHIEF, WORKER, PS, EVALUATOR)
 
 
@@ -63,7 +70,10 @@ class ManifestError(errors.ConfigError):
 
 # -- the tasks ---------------------------------------------------------------------
 
-def task_layout(strategy_config, *, num_workers: int, num_ps: int, evaluator: bool) -> dict[str, int]:
+
+def task_layout(
+    strategy_config, *, num_workers: int, num_ps: int, evaluator: bool
+) -> dict[str, int]:
     """Task types and counts of a job, as tfdist-launch plans them; validated like each task will.
 
     Raises ClusterConfigError when the strategy cannot run on that layout
@@ -74,7 +84,9 @@ def task_layout(strategy_config, *, num_workers: int, num_ps: int, evaluator: bo
     if evaluator:
         layout[EVALUATOR] = 1
     if sum(layout.values()) > 1:
-        placeholder = {t: tuple(f"task-{t}-{i}:{DEFAULT_PORT}" for i in range(n)) for t, n in layout.items()}
+        placeholder = {
+            t: tuple(f"task-{t}-{i}:{DEFAULT_PORT}" for i in range(n)) for t, n in layout.items()
+        }
         first = next(iter(layout))
         strategy_config.validate(ClusterConfig(cluster=placeholder, task_type=first, task_id=0))
     return {t: layout[t] for t in _ORDER if t in layout}
@@ -84,9 +96,10 @@ def _runs_steps(strategy_config, task_type: str) -> bool:
     """Whether tasks of this type compute (and so get GPUs): not ps, not a coordinating chief."""
     if task_type == PS:
         return False
-    if task_type == CHIEF and "ps" in strategy_config.launch_layout(num_workers=1, num_ps=1):
-        return False  # parameter_server: the chief only schedules
-    return True
+    # parameter_server: the chief only schedules.
+    return not (
+        task_type == CHIEF and "ps" in strategy_config.launch_layout(num_workers=1, num_ps=1)
+    )
 
 
 def dns_label(text: str, max_len: int = 40) -> str:
@@ -105,13 +118,19 @@ def check_train_args(train_args: Sequence[str]) -> None:
         if arg.startswith("-") and name in CLUSTER_FLAGS:
             raise ManifestError(
                 f"{arg} describes the cluster, which on Kubernetes comes from TF_CONFIG; remove the "
-                f"--job_name/--task_index/--*_hosts flags after '--'.")
+                f"--job_name/--task_index/--*_hosts flags after '--'."
+            )
 
 
 # -- the manifests -------------------------------------------------------------------
 
+
 def _labels(name: str, task_type: str | None = None) -> dict[str, str]:
-    labels = {"app.kubernetes.io/name": "tfdist-trainer", "app.kubernetes.io/instance": name, JOB_LABEL: name}
+    labels = {
+        "app.kubernetes.io/name": "tfdist-trainer",
+        "app.kubernetes.io/instance": name,
+        JOB_LABEL: name,
+    }
     if task_type:
         labels[TYPE_LABEL] = task_type
     return labels
@@ -128,7 +147,7 @@ def _metadata(name: str, namespace: str | None, labels: Mapping[str, str]) -> di
 def _resources(*, cpu: str | None, memory: str | None, gpus: int) -> dict[str, Any]:
     requests, limits = {}, {}
     if cpu:
-        requests["cpu"] = str(cpu)      # no CPU limit: throttling slows every synchronous step
+        requests["cpu"] = str(cpu)  # no CPU limit: throttling slows every synchronous step
     if memory:
         requests["memory"] = limits["memory"] = str(memory)
     if gpus:
@@ -141,27 +160,45 @@ def _resources(*, cpu: str | None, memory: str | None, gpus: int) -> dict[str, A
     return resources
 
 
-def _container(*, image: str, train_args: Sequence[str], port: int, resources: Mapping[str, Any],
-               env: Sequence[Mapping[str, Any]], volume: tuple[str, str] | None,
-               image_pull_policy: str | None) -> dict[str, Any]:
+def _container(
+    *,
+    image: str,
+    train_args: Sequence[str],
+    port: int,
+    resources: Mapping[str, Any],
+    env: Sequence[Mapping[str, Any]],
+    volume: tuple[str, str] | None,
+    image_pull_policy: str | None,
+) -> dict[str, Any]:
     container: dict[str, Any] = {"name": CONTAINER, "image": image}
     if image_pull_policy:
         container["imagePullPolicy"] = image_pull_policy
     container["command"] = ["tfdist-train"]
     container["args"] = list(train_args)
-    container["env"] = [*env, {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
-                        {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    container["env"] = [
+        *env,
+        {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
     container["ports"] = [{"name": "tfjob-port", "containerPort": port, "protocol": "TCP"}]
     if resources:
         container["resources"] = dict(resources)
     if volume:
         container["volumeMounts"] = [{"name": "model-dir", "mountPath": volume[1]}]
-    container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
     return container
 
 
-def _pod_spec(container: Mapping[str, Any], *, restart_policy: str | None, volume: tuple[str, str] | None,
-              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _pod_spec(
+    container: Mapping[str, Any],
+    *,
+    restart_policy: str | None,
+    volume: tuple[str, str] | None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if restart_policy:
         spec["restartPolicy"] = restart_policy
@@ -184,22 +221,41 @@ def network_policy(name: str, namespace: str | None, port: int) -> dict[str, Any
         "spec": {
             "podSelector": same_job,
             "policyTypes": ["Ingress"],
-            "ingress": [{"from": [{"podSelector": same_job}], "ports": [{"protocol": "TCP", "port": port}]}],
+            "ingress": [
+                {"from": [{"podSelector": same_job}], "ports": [{"protocol": "TCP", "port": port}]}
+            ],
         },
     }
 
 
-def task_address(name: str, task_type: str, index: int, port: int, namespace: str | None = None) -> str:
+def task_address(
+    name: str, task_type: str, index: int, port: int, namespace: str | None = None
+) -> str:
     """Where task `index` of `task_type` listens under the indexed flavor (hostname.subdomain:port)."""
     host = f"{name}-{task_type}-{index}.{name}"
     return f"{host}.{namespace}.svc:{port}" if namespace else f"{host}:{port}"
 
 
-def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[str], flavor: str = "tfjob",
-              num_workers: int = 2, num_ps: int = 1, evaluator: bool = False, namespace: str | None = None,
-              cpu: str | None = None, memory: str | None = None, gpus: int = 0, port: int = DEFAULT_PORT,
-              restart_policy: str = "ExitCode", backoff_limit: int = 3, volume: str | None = None,
-              image_pull_policy: str | None = None) -> list[dict[str, Any]]:
+def manifests(
+    *,
+    strategy_config,
+    name: str,
+    image: str,
+    train_args: Sequence[str],
+    flavor: str = "tfjob",
+    num_workers: int = 2,
+    num_ps: int = 1,
+    evaluator: bool = False,
+    namespace: str | None = None,
+    cpu: str | None = None,
+    memory: str | None = None,
+    gpus: int = 0,
+    port: int = DEFAULT_PORT,
+    restart_policy: str = "ExitCode",
+    backoff_limit: int = 3,
+    volume: str | None = None,
+    image_pull_policy: str | None = None,
+) -> list[dict[str, Any]]:
     """The Kubernetes objects of one job, in the order to apply them.
 
     Args:
@@ -214,13 +270,19 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
     if flavor not in FLAVORS:
         raise ManifestError(f"--k8s_flavor must be one of {', '.join(FLAVORS)}, got {flavor!r}.")
     if not image:
-        raise ManifestError("--image is required with --emit=k8s; name an image that has tfdist_trainer, your "
-                            "Trainer and your gin files installed.")
+        raise ManifestError(
+            "--image is required with --emit=k8s; name an image that has tfdist_trainer, your "
+            "Trainer and your gin files installed."
+        )
     if name != dns_label(name):
-        raise ManifestError(f"job name {name!r} is not a DNS label of at most 40 characters; use e.g. "
-                            f"{dns_label(name)!r}.")
+        raise ManifestError(
+            f"job name {name!r} is not a DNS label of at most 40 characters; use e.g. "
+            f"{dns_label(name)!r}."
+        )
     if restart_policy not in ("Never", "OnFailure", "ExitCode"):
-        raise ManifestError(f"restart policy must be Never, OnFailure or ExitCode, got {restart_policy!r}.")
+        raise ManifestError(
+            f"restart policy must be Never, OnFailure or ExitCode, got {restart_policy!r}."
+        )
     if not 0 < port < 65536:
         raise ManifestError(f"--k8s_port must be in 1..65535, got {port}.")
     if gpus < 0 or backoff_limit < 0:
@@ -233,15 +295,23 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
         mount = (claim, path)
     check_train_args(train_args)
     try:
-        layout = task_layout(strategy_config, num_workers=num_workers, num_ps=num_ps, evaluator=evaluator)
+        layout = task_layout(
+            strategy_config, num_workers=num_workers, num_ps=num_ps, evaluator=evaluator
+        )
     except ClusterConfigError as e:
         raise ManifestError(str(e)) from None
 
     def container_for(task_type: str, env=()) -> dict[str, Any]:
         gpu = gpus if _runs_steps(strategy_config, task_type) else 0
-        return _container(image=image, train_args=train_args, port=port, env=env, volume=mount,
-                          resources=_resources(cpu=cpu, memory=memory, gpus=gpu),
-                          image_pull_policy=image_pull_policy)
+        return _container(
+            image=image,
+            train_args=train_args,
+            port=port,
+            env=env,
+            volume=mount,
+            resources=_resources(cpu=cpu, memory=memory, gpus=gpu),
+            image_pull_policy=image_pull_policy,
+        )
 
     if flavor == "tfjob":
         replica_specs = {}
@@ -251,7 +321,9 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
                 # The operator fails a TFJob as soon as a replica's pod fails for good. A task the
                 # strategy can lose is restarted in place instead (its pod never fails); its
                 # restarts count towards runPolicy.backoffLimit.
-                "restartPolicy": "OnFailure" if strategy_config.survives_loss_of(task_type) else restart_policy,
+                "restartPolicy": "OnFailure"
+                if strategy_config.survives_loss_of(task_type)
+                else restart_policy,
                 "template": {
                     "metadata": {"labels": _labels(name, task_type)},
                     "spec": _pod_spec(container_for(task_type), restart_policy=None, volume=mount),
@@ -271,7 +343,9 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
 
     # -- indexed: a headless Service and one Indexed Job per task type ---------------
     multi_task = sum(layout.values()) > 1
-    cluster = {t: [task_address(name, t, i, port, namespace) for i in range(n)] for t, n in layout.items()}
+    cluster = {
+        t: [task_address(name, t, i, port, namespace) for i in range(n)] for t, n in layout.items()
+    }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -293,10 +367,20 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
         if multi_task:
             # TASK_INDEX must come before TF_CONFIG: $(VAR) expands only variables defined earlier.
             # (The JOB_COMPLETION_INDEX the Job controller adds is appended last, too late for that.)
-            env.append({"name": "TASK_INDEX", "valueFrom": {"fieldRef": {
-                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
-            tf_config = (f'{{"cluster": {json.dumps(cluster)}, '
-                         f'"task": {{"type": {json.dumps(task_type)}, "index": $(TASK_INDEX)}}}}')
+            env.append(
+                {
+                    "name": "TASK_INDEX",
+                    "valueFrom": {
+                        "fieldRef": {
+                            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+                        }
+                    },
+                }
+            )
+            tf_config = (
+                f'{{"cluster": {json.dumps(cluster)}, '
+                f'"task": {{"type": {json.dumps(task_type)}, "index": $(TASK_INDEX)}}}}'
+            )
             env.append({"name": "TF_CONFIG", "value": tf_config})
         job_spec: dict[str, Any] = {
             "completionMode": "Indexed",
@@ -312,26 +396,41 @@ def manifests(*, strategy_config, name: str, image: str, train_args: Sequence[st
         else:
             job_spec["backoffLimit"] = retries
         if restart_policy == "ExitCode":
-            job_spec["podFailurePolicy"] = {"rules": [{
-                "action": "FailIndex" if losable else "FailJob",
-                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": PERMANENT_EXIT_CODES},
-            }]}
+            job_spec["podFailurePolicy"] = {
+                "rules": [
+                    {
+                        "action": "FailIndex" if losable else "FailJob",
+                        "onExitCodes": {
+                            "containerName": CONTAINER,
+                            "operator": "In",
+                            "values": PERMANENT_EXIT_CODES,
+                        },
+                    }
+                ]
+            }
         job_spec["template"] = {
             "metadata": {"labels": _labels(name, task_type)},
-            "spec": _pod_spec(container_for(task_type, env), restart_policy=restart, volume=mount,
-                              extra={"subdomain": name}),
+            "spec": _pod_spec(
+                container_for(task_type, env),
+                restart_policy=restart,
+                volume=mount,
+                extra={"subdomain": name},
+            ),
         }
-        objects.append({
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": _metadata(f"{name}-{task_type}", namespace, _labels(name, task_type)),
-            "spec": job_spec,
-        })
+        objects.append(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": _metadata(f"{name}-{task_type}", namespace, _labels(name, task_type)),
+                "spec": job_spec,
+            }
+        )
     objects.append(network_policy(name, namespace, port))
     return objects
 
 
 # -- output ----------------------------------------------------------------------------
+
 
 class _ManifestDumper(yaml.SafeDumper):
     """PyYAML's safe dumper, for manifests that kubectl reads back as they were written.
@@ -349,23 +448,36 @@ class _ManifestDumper(yaml.SafeDumper):
 
 def _represent_list(dumper: _ManifestDumper, value: Sequence[Any]) -> yaml.SequenceNode:
     ints = bool(value) and all(type(v) is int for v in value)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=True if ints else None)
+    return dumper.represent_sequence(
+        "tag:yaml.org,2002:seq", value, flow_style=True if ints else None
+    )
 
 
 _ManifestDumper.add_representer(list, _represent_list)
 _ManifestDumper.add_representer(tuple, _represent_list)
 # Resolvers of a dumper decide quoting only: a plain scalar they would not read as a str gets quoted.
-_ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^[yYnN]$"), list("yYnN"))
-_ManifestDumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?\.?[0-9]"),
-                                      list("-+.0123456789"))
+_ManifestDumper.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^[yYnN]$"), list("yYnN")
+)
+_ManifestDumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?\.?[0-9]"), list("-+.0123456789")
+)
 
 
 def to_yaml(documents: Sequence[Mapping[str, Any]]) -> str:
     """Block-style YAML, one document per object, each starting with '---'."""
-    return yaml.dump_all([dict(doc) for doc in documents], Dumper=_ManifestDumper, explicit_start=True,
-                         default_flow_style=False, sort_keys=False, width=1 << 30)
+    return yaml.dump_all(
+        [dict(doc) for doc in documents],
+        Dumper=_ManifestDumper,
+        explicit_start=True,
+        default_flow_style=False,
+        sort_keys=False,
+        width=1 << 30,
+    )
 
 
 def to_json(documents: Sequence[Mapping[str, Any]]) -> str:
     """One `v1 List` object (kubectl apply -f accepts it)."""
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)}, indent=2) + "\n"
+    return (
+        json.dumps({"apiVersion": "v1", "kind": "List", "items": list(documents)}, indent=2) + "\n"
+    )

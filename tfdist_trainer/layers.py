@@ -56,8 +56,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
 
 # SaveableObject/SaveSpec: the checkpoint API TF's own ShardedVariable uses to save slices of one tensor.
 _SaveableObject, _SaveSpec = tf_compat.saveable_classes()
@@ -70,6 +70,7 @@ _CHECKPOINT_SLICE_BYTES = 64 << 20
 
 # -- layout ----------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class ShardLayout:
     """How the `vocab` rows of a table are split into `num_shards` shards."""
@@ -80,7 +81,9 @@ class ShardLayout:
 
     def __post_init__(self):
         if self.partition_strategy not in PARTITION_STRATEGIES:
-            raise ConfigError(f"partition_strategy must be 'div' or 'mod', got {self.partition_strategy!r}.")
+            raise ConfigError(
+                f"partition_strategy must be 'div' or 'mod', got {self.partition_strategy!r}."
+            )
         if self.vocab < 1:
             raise ConfigError(f"a sharded table needs at least one row, got {self.vocab}.")
         if self.num_shards < 1:
@@ -117,6 +120,7 @@ class ShardLayout:
 
 # -- placement -------------------------------------------------------------------
 
+
 def _is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
 
@@ -127,10 +131,14 @@ def ps_devices(strategy: tf.distribute.Strategy | None = None) -> list[str]:
     if not _is_parameter_server(strategy):
         return []
     # The coordinator is connected to the cluster, so the ps tasks' devices are listed.
-    tasks = sorted({_task_of(d.name) for d in tf.config.list_logical_devices("CPU") if "/job:ps/" in d.name},
-                   key=lambda t: int(tf.DeviceSpec.from_string(t).task))
+    tasks = sorted(
+        {_task_of(d.name) for d in tf.config.list_logical_devices("CPU") if "/job:ps/" in d.name},
+        key=lambda t: int(tf.DeviceSpec.from_string(t).task),
+    )
     if not tasks:  # not connected yet: ask the cluster resolver
-        resolver = getattr(strategy, "cluster_resolver", None) or getattr(strategy, "_cluster_resolver", None)
+        resolver = getattr(strategy, "cluster_resolver", None) or getattr(
+            strategy, "_cluster_resolver", None
+        )
         num_ps = len(resolver.cluster_spec().as_dict().get("ps", [])) if resolver is not None else 0
         tasks = [f"/job:ps/replica:0/task:{i}" for i in range(num_ps)]
     return [f"{t}/device:CPU:0" for t in tasks]
@@ -175,8 +183,8 @@ class PlacementLedger:
         return chosen  # type: ignore[return-value]
 
 
-_LEDGERS: "weakref.WeakKeyDictionary[Any, PlacementLedger]" = weakref.WeakKeyDictionary()
-_ANCHORS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_LEDGERS: weakref.WeakKeyDictionary[Any, PlacementLedger] = weakref.WeakKeyDictionary()
+_ANCHORS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def placement_ledger(strategy: tf.distribute.Strategy | None = None) -> PlacementLedger:
@@ -217,8 +225,10 @@ def _ps_anchor(strategy: tf.distribute.Strategy, device: str):
     num_ps = len(ps_devices(strategy))
     while target not in anchors:
         if tries >= 2 * num_ps:
-            raise RuntimeError(f"could not place an anchor variable on {target}; the ParameterServerStrategy "
-                               f"round-robin never reached it after {tries} variables.")
+            raise RuntimeError(
+                f"could not place an anchor variable on {target}; the ParameterServerStrategy "
+                f"round-robin never reached it after {tries} variables."
+            )
         with tf.init_scope():
             anchor = tf.Variable(0, dtype=tf.int32, trainable=False, name="tfdist_placement_anchor")
         anchors.setdefault(_task_of(anchor.device), anchor)
@@ -240,6 +250,7 @@ def _create_on(device: str | None, strategy: tf.distribute.Strategy):
 
 # -- the shared machinery of sharded layers --------------------------------------
 
+
 def _synchronous_replicas() -> int:
     """Replicas whose gradients are all-reduced each step (1 under parameter_server: no all-reduce)."""
     strategy = tf.distribute.get_strategy()
@@ -251,8 +262,17 @@ def _synchronous_replicas() -> int:
 class _ShardedWeight:
     """N shard variables of one logical [vocab, dim] table, owned by a Keras layer."""
 
-    def __init__(self, layer: keras.layers.Layer, name: str, layout: ShardLayout, dim: int,
-                 initializer: Any, devices: Sequence[str] | None, dtype: Any, trainable: bool = True):
+    def __init__(
+        self,
+        layer: keras.layers.Layer,
+        name: str,
+        layout: ShardLayout,
+        dim: int,
+        initializer: Any,
+        devices: Sequence[str] | None,
+        dtype: Any,
+        trainable: bool = True,
+    ):
         strategy = tf.distribute.get_strategy()
         self.layout = layout
         self.dim = dim
@@ -264,19 +284,31 @@ class _ShardedWeight:
         self.variables = []
         for i, device in enumerate(placement):
             with _create_on(device, strategy):
-                variable = layer.add_weight(name=f"{name}_shard_{i}", shape=(layout.rows(i), dim),
-                                            initializer=initializer, dtype=dtype, trainable=trainable)
+                variable = layer.add_weight(
+                    name=f"{name}_shard_{i}",
+                    shape=(layout.rows(i), dim),
+                    initializer=initializer,
+                    dtype=dtype,
+                    trainable=trainable,
+                )
             variable._tfdist_table = (self, i)  # read by reshardable optimizers
             ledger.record(variable)
             self.variables.append(variable)
-        self.checkpoint = _LogicalTableCheckpoint(self.tf_variables, layout, dim, tf.as_dtype(dtype), name=self.key)
+        self.checkpoint = _LogicalTableCheckpoint(
+            self.tf_variables, layout, dim, tf.as_dtype(dtype), name=self.key
+        )
 
     def tf_variables(self) -> list:
         """The stored shard variables (inside a mixed-precision call Keras' `value` is a float16 copy)."""
         return [tf_compat.variable_storage(v) for v in self.variables]
 
-    def gather(self, ids: tf.Tensor, unique: bool = True, validate: bool = True,
-               fixed_size: bool | None = None) -> tf.Tensor:
+    def gather(
+        self,
+        ids: tf.Tensor,
+        unique: bool = True,
+        validate: bool = True,
+        fixed_size: bool | None = None,
+    ) -> tf.Tensor:
         """Rows of the logical table for `ids` (any shape) -> ids.shape + [dim]; one gather per shard.
 
         By default each shard is asked only for its own distinct ids, so the
@@ -297,9 +329,16 @@ class _ShardedWeight:
         flat = tf.reshape(ids, [-1])
         if validate:
             vocab = self.layout.vocab
-            with tf.control_dependencies([tf.debugging.assert_non_negative(
-                    flat, message=f"{self.key}: ids must be >= 0"), tf.debugging.assert_less(
-                    flat, tf.constant(vocab, tf.int64), message=f"{self.key}: ids must be < {vocab} (the rows)")]):
+            with tf.control_dependencies(
+                [
+                    tf.debugging.assert_non_negative(flat, message=f"{self.key}: ids must be >= 0"),
+                    tf.debugging.assert_less(
+                        flat,
+                        tf.constant(vocab, tf.int64),
+                        message=f"{self.key}: ids must be < {vocab} (the rows)",
+                    ),
+                ]
+            ):
                 flat = tf.identity(flat)
         unique = unique and not fixed_size
         if unique:
@@ -353,8 +392,12 @@ class _LogicalTableCheckpoint(_Trackable):
         return {self.KEY: lambda name: _LogicalTableSaveable(self, name)}
 
     def _slice_spec(self, start: int, rows: int) -> str:
-        return tf.Variable.SaveSliceInfo(full_name=self._name, full_shape=[self._layout.vocab, self._dim],
-                                         var_offset=[start, 0], var_shape=[rows, self._dim]).spec
+        return tf.Variable.SaveSliceInfo(
+            full_name=self._name,
+            full_shape=[self._layout.vocab, self._dim],
+            var_offset=[start, 0],
+            var_shape=[rows, self._dim],
+        ).spec
 
     def slices(self) -> list[tuple[int, int, Any]]:
         """(first logical row, rows, device) of each saved slice, in save order."""
@@ -363,8 +406,10 @@ class _LogicalTableCheckpoint(_Trackable):
         if layout.partition_strategy == "div":
             return [(layout.offset(i), layout.rows(i), v.device) for i, v in enumerate(variables)]
         step = max(1, _CHECKPOINT_SLICE_BYTES // max(1, self._dim * self._dtype.size))
-        return [(s, min(layout.vocab, s + step) - s, variables[(s // step) % len(variables)].device)
-                for s in range(0, layout.vocab, step)]
+        return [
+            (s, min(layout.vocab, s + step) - s, variables[(s // step) % len(variables)].device)
+            for s in range(0, layout.vocab, step)
+        ]
 
     def _mod_pieces(self, start: int, end: int):
         """For logical rows [start, end) in "mod" layout: (shard, offset in block, first local row, count)."""
@@ -380,7 +425,9 @@ class _LogicalTableCheckpoint(_Trackable):
         with tf.device(device):
             if self._layout.partition_strategy == "div":
                 v = variables[index]
-                return tf.identity(v.read_value_no_copy() if hasattr(v, "read_value_no_copy") else v.read_value())
+                return tf.identity(
+                    v.read_value_no_copy() if hasattr(v, "read_value_no_copy") else v.read_value()
+                )
             n = self._layout.num_shards
             positions, parts = [], []
             for shard, offset, local, count in self._mod_pieces(start, start + rows):
@@ -400,8 +447,13 @@ class _LogicalTableCheckpoint(_Trackable):
             for shard, offset, local, count in self._mod_pieces(start, start + rows):
                 variable = variables[shard]
                 with tf.device(variable.device):
-                    ops.append(variable.scatter_update(tf.IndexedSlices(
-                        tensor[offset::n], tf.range(local, local + count, dtype=tf.int64))))
+                    ops.append(
+                        variable.scatter_update(
+                            tf.IndexedSlices(
+                                tensor[offset::n], tf.range(local, local + count, dtype=tf.int64)
+                            )
+                        )
+                    )
         return tf.group(ops)
 
 
@@ -410,9 +462,16 @@ class _LogicalTableSaveable(_SaveableObject):
 
     def __init__(self, table: _LogicalTableCheckpoint, name: str):
         self._table = table
-        specs = [_SaveSpec((lambda index=index: table.read_slice(index)),
-                           table._slice_spec(start, rows), name, dtype=table._dtype, device=device)
-                 for index, (start, rows, device) in enumerate(table.slices())]
+        specs = [
+            _SaveSpec(
+                (lambda index=index: table.read_slice(index)),
+                table._slice_spec(start, rows),
+                name,
+                dtype=table._dtype,
+                device=device,
+            )
+            for index, (start, rows, device) in enumerate(table.slices())
+        ]
         super().__init__(None, specs, name)
 
     def restore(self, restored_tensors, restored_shapes):
@@ -420,14 +479,20 @@ class _LogicalTableSaveable(_SaveableObject):
         return self._table.restore_slices(restored_tensors)
 
 
-def _resolve_num_shards(layer_name: str, vocab: int, num_shards: int | None, devices: Sequence[str] | None) -> int:
+def _resolve_num_shards(
+    layer_name: str, vocab: int, num_shards: int | None, devices: Sequence[str] | None
+) -> int:
     if num_shards is None:  # one per device (ps task), but never more than there are rows
         num_shards = min(vocab, len(devices) if devices else max(1, len(ps_devices())))
     if not isinstance(num_shards, (int, np.integer)) or num_shards < 1:
-        raise ConfigError(f"{layer_name}: num_shards must be a positive integer, got {num_shards!r}.")
+        raise ConfigError(
+            f"{layer_name}: num_shards must be a positive integer, got {num_shards!r}."
+        )
     if num_shards > vocab:
-        raise ConfigError(f"{layer_name}: num_shards={num_shards} is larger than the table's {vocab} rows; "
-                         f"use at most {vocab} shards (every shard needs at least one row).")
+        raise ConfigError(
+            f"{layer_name}: num_shards={num_shards} is larger than the table's {vocab} rows; "
+            f"use at most {vocab} shards (every shard needs at least one row)."
+        )
     return int(num_shards)
 
 
@@ -458,6 +523,7 @@ class _ShardedLayerMixin:
 
 # -- layers ----------------------------------------------------------------------
 
+
 class ShardedEmbedding(_ShardedLayerMixin, keras.layers.Layer):
     """An embedding table of `input_dim` rows split by rows into `num_shards` variables.
 
@@ -474,14 +540,27 @@ class ShardedEmbedding(_ShardedLayerMixin, keras.layers.Layer):
       unique: gather each distinct id once per batch (fewer rows on the wire).
     """
 
-    def __init__(self, input_dim: int, output_dim: int, *, num_shards: int | None = None,
-                 partition_strategy: str = "div", devices: Sequence[str] | None = None,
-                 embeddings_initializer: Any = "uniform", unique: bool = True, **kwargs):
+    def __init__(
+        self,
+        input_dim: int,
+        output_dim: int,
+        *,
+        num_shards: int | None = None,
+        partition_strategy: str = "div",
+        devices: Sequence[str] | None = None,
+        embeddings_initializer: Any = "uniform",
+        unique: bool = True,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if input_dim < 1 or output_dim < 1:
-            raise ConfigError(f"{self.name}: input_dim and output_dim must be >= 1, got {input_dim} and {output_dim}.")
+            raise ConfigError(
+                f"{self.name}: input_dim and output_dim must be >= 1, got {input_dim} and {output_dim}."
+            )
         if partition_strategy not in PARTITION_STRATEGIES:
-            raise ConfigError(f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}.")
+            raise ConfigError(
+                f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}."
+            )
         self.input_dim = int(input_dim)
         self.output_dim = int(output_dim)
         self.num_shards = num_shards
@@ -494,8 +573,15 @@ class ShardedEmbedding(_ShardedLayerMixin, keras.layers.Layer):
 
     def build(self, input_shape=None):
         shards = _resolve_num_shards(self.name, self.input_dim, self.num_shards, self.devices)
-        sharded = _ShardedWeight(self, "embeddings", ShardLayout(self.input_dim, shards, self.partition_strategy),
-                                 self.output_dim, self.embeddings_initializer, self.devices, self.variable_dtype)
+        sharded = _ShardedWeight(
+            self,
+            "embeddings",
+            ShardLayout(self.input_dim, shards, self.partition_strategy),
+            self.output_dim,
+            self.embeddings_initializer,
+            self.devices,
+            self.variable_dtype,
+        )
         self._add_sharded(sharded, "table")
         self.built = True
 
@@ -511,10 +597,15 @@ class ShardedEmbedding(_ShardedLayerMixin, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(input_dim=self.input_dim, output_dim=self.output_dim, num_shards=self.num_shards,
-                      partition_strategy=self.partition_strategy, devices=self.devices,
-                      embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
-                      unique=self.unique)
+        config.update(
+            input_dim=self.input_dim,
+            output_dim=self.output_dim,
+            num_shards=self.num_shards,
+            partition_strategy=self.partition_strategy,
+            devices=self.devices,
+            embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
+            unique=self.unique,
+        )
         return config
 
 
@@ -528,12 +619,23 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
     `tf.nn.sampled_softmax_loss` over a sharded weight list.
     """
 
-    def __init__(self, num_classes: int, *, num_shards: int | None = None, partition_strategy: str = "div",
-                 devices: Sequence[str] | None = None, kernel_initializer: Any = "glorot_uniform",
-                 use_bias: bool = True, num_sampled: int = 64, **kwargs):
+    def __init__(
+        self,
+        num_classes: int,
+        *,
+        num_shards: int | None = None,
+        partition_strategy: str = "div",
+        devices: Sequence[str] | None = None,
+        kernel_initializer: Any = "glorot_uniform",
+        use_bias: bool = True,
+        num_sampled: int = 64,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if partition_strategy not in PARTITION_STRATEGIES:
-            raise ConfigError(f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}.")
+            raise ConfigError(
+                f"{self.name}: partition_strategy must be 'div' or 'mod', got {partition_strategy!r}."
+            )
         self.num_classes = int(num_classes)
         self.num_shards = num_shards
         self.partition_strategy = partition_strategy
@@ -548,11 +650,23 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
         dim = int(input_shape[-1])
         shards = _resolve_num_shards(self.name, self.num_classes, self.num_shards, self.devices)
         layout = ShardLayout(self.num_classes, shards, self.partition_strategy)
-        self._add_sharded(_ShardedWeight(self, "kernel", layout, dim, self.kernel_initializer, self.devices,
-                                         self.variable_dtype), "kernel")
+        self._add_sharded(
+            _ShardedWeight(
+                self,
+                "kernel",
+                layout,
+                dim,
+                self.kernel_initializer,
+                self.devices,
+                self.variable_dtype,
+            ),
+            "kernel",
+        )
         if self.use_bias:
-            self._add_sharded(_ShardedWeight(self, "bias", layout, 1, "zeros", self.devices, self.variable_dtype),
-                              "bias")
+            self._add_sharded(
+                _ShardedWeight(self, "bias", layout, 1, "zeros", self.devices, self.variable_dtype),
+                "bias",
+            )
         self.built = True
 
     @property
@@ -569,7 +683,9 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
         biases = self.bias.tf_variables() if self.use_bias else [None] * len(kernels)
         parts = []
         for w, b in zip(kernels, biases):
-            with tf.device(w.device):  # the shard's logits next to the shard: x goes there, logits come back
+            with tf.device(
+                w.device
+            ):  # the shard's logits next to the shard: x goes there, logits come back
                 logits = tf.matmul(x, w, transpose_b=True)
                 if b is not None:
                     logits += tf.reshape(b, [-1])
@@ -581,11 +697,21 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
             starts = np.cumsum([0] + [layout.rows(i) for i in range(layout.num_shards)])[:-1]
             classes = tf.range(self.num_classes, dtype=tf.int64)
             shard, local = layout.assign(classes)
-            logits = tf.gather(logits, tf.gather(tf.constant(starts, tf.int64), shard) + local, axis=-1)
+            logits = tf.gather(
+                logits, tf.gather(tf.constant(starts, tf.int64), shard) + local, axis=-1
+            )
         return tf.cast(logits, self.compute_dtype)
 
-    def sampled_loss(self, inputs, labels, *, num_sampled: int | None = None, sampled_values=None,
-                     remove_accidental_hits: bool = True, seed: int | None = None):
+    def sampled_loss(
+        self,
+        inputs,
+        labels,
+        *,
+        num_sampled: int | None = None,
+        sampled_values=None,
+        remove_accidental_hits: bool = True,
+        seed: int | None = None,
+    ):
         """Per-example sampled softmax loss (log-uniform candidates), as `tf.nn.sampled_softmax_loss`.
 
         Args:
@@ -600,8 +726,13 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
         num_sampled = num_sampled or self.num_sampled
         if sampled_values is None:
             sampled_values = tf.random.log_uniform_candidate_sampler(
-                true_classes=labels[:, None], num_true=1, num_sampled=num_sampled, unique=True,
-                range_max=self.num_classes, seed=seed)
+                true_classes=labels[:, None],
+                num_true=1,
+                num_sampled=num_sampled,
+                unique=True,
+                range_max=self.num_classes,
+                seed=seed,
+            )
         sampled, true_expected, sampled_expected = (tf.stop_gradient(t) for t in sampled_values)
         sampled = tf.cast(sampled, tf.int64)
         batch = tf.shape(labels)[0]
@@ -617,9 +748,14 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
         true_logits -= tf.math.log(tf.reshape(tf.cast(true_expected, x.dtype), [-1]))
         sampled_logits -= tf.math.log(tf.cast(sampled_expected, x.dtype))
         if remove_accidental_hits:
-            indices, ids, weights_ = tf.nn.compute_accidental_hits(labels[:, None], sampled, num_true=1)
-            mask = tf.scatter_nd(tf.stack([indices, tf.cast(ids, tf.int32)], 1), tf.cast(weights_, x.dtype),
-                                 tf.shape(sampled_logits))
+            indices, ids, weights_ = tf.nn.compute_accidental_hits(
+                labels[:, None], sampled, num_true=1
+            )
+            mask = tf.scatter_nd(
+                tf.stack([indices, tf.cast(ids, tf.int32)], 1),
+                tf.cast(weights_, x.dtype),
+                tf.shape(sampled_logits),
+            )
             sampled_logits += mask
         logits = tf.concat([true_logits[:, None], sampled_logits], 1)
         targets = tf.concat([tf.ones_like(true_logits[:, None]), tf.zeros_like(sampled_logits)], 1)
@@ -630,14 +766,20 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(num_classes=self.num_classes, num_shards=self.num_shards,
-                      partition_strategy=self.partition_strategy, devices=self.devices,
-                      kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
-                      use_bias=self.use_bias, num_sampled=self.num_sampled)
+        config.update(
+            num_classes=self.num_classes,
+            num_shards=self.num_shards,
+            partition_strategy=self.partition_strategy,
+            devices=self.devices,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+            use_bias=self.use_bias,
+            num_sampled=self.num_sampled,
+        )
         return config
 
 
 # -- optimizers whose checkpoints survive re-sharding ------------------------------
+
 
 class ReshardableOptimizerMixin:
     """Saves optimizer slots of sharded tables as logical tables, other state by name.
@@ -650,8 +792,12 @@ class ReshardableOptimizerMixin:
     """
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
-        slot = super().add_variable_from_reference(reference_variable, name=name, initializer=initializer)
-        slot._tfdist_slot_key = f"{getattr(reference_variable, 'path', reference_variable.name)}/{name}"
+        slot = super().add_variable_from_reference(
+            reference_variable, name=name, initializer=initializer
+        )
+        slot._tfdist_slot_key = (
+            f"{getattr(reference_variable, 'path', reference_variable.name)}/{name}"
+        )
         table = getattr(reference_variable, "_tfdist_table", None)
         if table is not None:
             slot._tfdist_slot_of = (table, name)
@@ -663,11 +809,16 @@ class ReshardableOptimizerMixin:
             return children
         variables = list(self.variables)
         if not any(getattr(v, "_tfdist_slot_of", None) for v in variables):
-            sharded_model = any(getattr(v, "_tfdist_table", None) for v in getattr(self, "_trainable_variables", ()))
+            sharded_model = any(
+                getattr(v, "_tfdist_table", None) for v in getattr(self, "_trainable_variables", ())
+            )
             if not sharded_model:
                 return children
-        keep = {name: child for name, child in children.items()
-                if name in ("_iterations", "_learning_rate") and isinstance(child, _Trackable)}
+        keep = {
+            name: child
+            for name, child in children.items()
+            if name in ("_iterations", "_learning_rate") and isinstance(child, _Trackable)
+        }
         kept_ids = {id(c) for c in keep.values()}
         groups: dict[tuple[int, str], dict[int, Any]] = {}
         for variable in variables:
@@ -680,7 +831,9 @@ class ReshardableOptimizerMixin:
                 keep[f"var/{key}"] = variable
                 continue
             (table, shard), slot_name = slot_of
-            groups.setdefault((id(table), slot_name), {"table": table, "slots": {}})["slots"][shard] = variable
+            groups.setdefault((id(table), slot_name), {"table": table, "slots": {}})["slots"][
+                shard
+            ] = variable
         for (_, slot_name), group in groups.items():
             table: _ShardedWeight = group["table"]
             slots = [group["slots"][i] for i in range(table.layout.num_shards)]
@@ -688,15 +841,22 @@ class ReshardableOptimizerMixin:
             key = (id(table), slot_name, tuple(id(s) for s in slots))
             if key not in cache:  # the same object on every call: checkpoints compare identities
                 stored = lambda slots=slots: [tf_compat.variable_storage(s) for s in slots]  # noqa: E731
-                cache[key] = _LogicalTableCheckpoint(stored, table.layout, table.dim, tf.as_dtype(slots[0].dtype),
-                                                     name=f"{table.key}/{slot_name}")
+                cache[key] = _LogicalTableCheckpoint(
+                    stored,
+                    table.layout,
+                    table.dim,
+                    tf.as_dtype(slots[0].dtype),
+                    name=f"{table.key}/{slot_name}",
+                )
             keep[f"sharded/{table.key}/{slot_name}"] = cache[key]
         return keep
 
 
 def reshardable(optimizer_cls: type) -> type:
     """A subclass of a Keras optimizer class whose checkpoints restore into other shard counts."""
-    return type(f"Reshardable{optimizer_cls.__name__}", (ReshardableOptimizerMixin, optimizer_cls), {})
+    return type(
+        f"Reshardable{optimizer_cls.__name__}", (ReshardableOptimizerMixin, optimizer_cls), {}
+    )
 
 
 class SGD(ReshardableOptimizerMixin, keras.optimizers.SGD):
@@ -717,16 +877,23 @@ class SparseAdagrad(ReshardableOptimizerMixin, keras.optimizers.Adagrad):
             return super().update_step(gradient, variable, learning_rate)
         lr = tf.cast(learning_rate, variable.dtype)
         accumulator = self._accumulators[self._get_variable_index(variable)]
-        accumulator, variable = tf_compat.variable_storage(accumulator), tf_compat.variable_storage(variable)
+        accumulator, variable = (
+            tf_compat.variable_storage(accumulator),
+            tf_compat.variable_storage(variable),
+        )
         indices, position = tf.unique(tf.cast(gradient.indices, tf.int64))
-        values = tf.math.unsorted_segment_sum(tf.cast(gradient.values, variable.dtype), position,
-                                              tf.shape(indices)[0])
+        values = tf.math.unsorted_segment_sum(
+            tf.cast(gradient.values, variable.dtype), position, tf.shape(indices)[0]
+        )
         accumulator.scatter_add(tf.IndexedSlices(tf.square(values), indices))
         accumulated = tf.gather(accumulator, indices)
-        variable.scatter_sub(tf.IndexedSlices(lr * values / tf.sqrt(accumulated + self.epsilon), indices))
+        variable.scatter_sub(
+            tf.IndexedSlices(lr * values / tf.sqrt(accumulated + self.epsilon), indices)
+        )
 
 
 # -- reports ---------------------------------------------------------------------
+
 
 def _as_variables(model_or_variables: Any) -> list:
     if isinstance(model_or_variables, (keras.layers.Layer, keras.optimizers.Optimizer)):
@@ -740,23 +907,44 @@ def placement_records(model_or_variables: Any) -> dict[str, Any]:
     for variable in _as_variables(model_or_variables):
         device = device_of(variable)
         size = stored_bytes(variable)
-        rows.append({"name": getattr(variable, "path", None) or variable.name,
-                     "shape": [int(d) if d is not None else None for d in variable.shape],
-                     "bytes": size, "device": device})
+        rows.append(
+            {
+                "name": getattr(variable, "path", None) or variable.name,
+                "shape": [int(d) if d is not None else None for d in variable.shape],
+                "bytes": size,
+                "device": device,
+            }
+        )
         per_task[_task_of(device)] = per_task.get(_task_of(device), 0) + size
     ps = {t: b for t, b in per_task.items() if "/job:ps/" in t}
     imbalance = (max(ps.values()) / max(1, min(ps.values())) - 1.0) if len(ps) > 1 else 0.0
-    return {"variables": rows, "bytes_per_task": dict(sorted(per_task.items())), "ps_imbalance": imbalance}
+    return {
+        "variables": rows,
+        "bytes_per_task": dict(sorted(per_task.items())),
+        "ps_imbalance": imbalance,
+    }
 
 
 def placement_table(model_or_variables: Any) -> str:
     """A readable table: variable, shape, bytes, device; then bytes per task (and the ps imbalance)."""
     records = placement_records(model_or_variables)
-    rows = [(r["name"], "x".join(map(str, r["shape"])) or "scalar", f"{r['bytes']:,}", r["device"] or "-")
-            for r in records["variables"]]
+    rows = [
+        (
+            r["name"],
+            "x".join(map(str, r["shape"])) or "scalar",
+            f"{r['bytes']:,}",
+            r["device"] or "-",
+        )
+        for r in records["variables"]
+    ]
     headers = ("variable", "shape", "bytes", "device")
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    fmt = lambda r: "  ".join((c.rjust(w) if i == 2 else c.ljust(w)) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    def fmt(r):
+        return "  ".join(
+            (c.rjust(w) if i == 2 else c.ljust(w)) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
+
     lines = [fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
     lines.append("bytes per task:")
     total = sum(records["bytes_per_task"].values()) or 1
@@ -768,7 +956,11 @@ def placement_table(model_or_variables: Any) -> str:
 
 
 def sharded_layers(model: keras.layers.Layer) -> list:
-    return [layer for layer in tf_compat.sublayers(model, include_self=True) if isinstance(layer, _ShardedLayerMixin)]
+    return [
+        layer
+        for layer in tf_compat.sublayers(model, include_self=True)
+        if isinstance(layer, _ShardedLayerMixin)
+    ]
 
 
 def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, Any]:
@@ -792,13 +984,22 @@ def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, 
         if id(g) in seen:
             continue
         seen.add(id(g))
-        graphs.extend(f.graph for f in getattr(g, "_functions", {}).values() if getattr(f, "graph", None) is not None)
+        graphs.extend(
+            f.graph
+            for f in getattr(g, "_functions", {}).values()
+            if getattr(f, "graph", None) is not None
+        )
         for op in g.get_operations():
             if op.type.startswith(("ResourceGather", "ResourceScatter")):
                 sparse[op.type] = sparse.get(op.type, 0) + 1
             for out in op.outputs:
                 if out.shape.rank == 2 and tuple(out.shape.as_list()) in full_shapes:
                     dense.append({"op": op.type, "name": op.name, "shape": out.shape.as_list()})
-    return {"sparse_ops": sparse, "full_table_ops": dense,
-            "tables": [{"name": t.key, "rows": t.layout.vocab, "dim": t.dim, "shards": t.layout.num_shards}
-                       for t in tables]}
+    return {
+        "sparse_ops": sparse,
+        "full_table_ops": dense,
+        "tables": [
+            {"name": t.key, "rows": t.layout.vocab, "dim": t.dim, "shards": t.layout.num_shards}
+            for t in tables
+        ],
+    }

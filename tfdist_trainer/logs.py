@@ -81,13 +81,18 @@ class Summaries:
 
     def _writer(self, name: str):
         import tensorflow as tf
+
         if name not in self._writers:
-            self._writers[name] = (tf.summary.create_file_writer(storage.join(self.model_dir, name))
-                                   if self.enabled else tf.summary.create_noop_writer())
+            self._writers[name] = (
+                tf.summary.create_file_writer(storage.join(self.model_dir, name))
+                if self.enabled
+                else tf.summary.create_noop_writer()
+            )
         return self._writers[name]
 
     def scalars(self, name: str, step: int, values: dict) -> None:
         import tensorflow as tf
+
         if not self.enabled:
             return
         with self._writer(name).as_default(step=step):
@@ -98,6 +103,7 @@ class Summaries:
 
     def text(self, name: str, tag: str, text: str, step: int = 0) -> None:
         import tensorflow as tf
+
         if not self.enabled:
             return
         with self._writer(name).as_default(step=step):
@@ -115,11 +121,24 @@ def trainer_tags(trainer: Any) -> dict[str, str]:
     return dict(tags() if callable(tags) else tags or {})
 
 
-def report_eval(metrics: dict[str, float], *, step: int, tags: dict[str, str], record: MetricsRecord,
-                summaries: Summaries, log: Callable[..., None], **extra: Any) -> dict[str, float]:
+def report_eval(
+    metrics: dict[str, float],
+    *,
+    step: int,
+    tags: dict[str, str],
+    record: MetricsRecord,
+    summaries: Summaries,
+    log: Callable[..., None],
+    **extra: Any,
+) -> dict[str, float]:
     """Logs, records and summarizes one evaluation (inline or by the side-car); returns {eval_<name>: value}."""
     values = {f"eval_{k}": v for k, v in metrics.items()}
-    log("eval at step %d: %s%s", step, " ".join(f"{k}={v:.4f}" for k, v in values.items()), format_tags(tags))
+    log(
+        "eval at step %d: %s%s",
+        step,
+        " ".join(f"{k}={v:.4f}" for k, v in values.items()),
+        format_tags(tags),
+    )
     record.write(kind="eval", step=step, **extra, **values, **tags)
     summaries.scalars("eval", step, metrics)
     return values

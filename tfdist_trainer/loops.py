@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
 from absl import logging
@@ -29,27 +29,36 @@ class LoopResult:
     """What one `train(steps)` call reports."""
 
     steps: int
-    loss: float                        # mean over the steps (NaN if any step was)
-    first_nonfinite_step: int | None   # the global step whose loss first was NaN/Inf
-    retried: bool = False              # set by NanGuard when it rolled back to a checkpoint
+    loss: float  # mean over the steps (NaN if any step was)
+    first_nonfinite_step: int | None  # the global step whose loss first was NaN/Inf
+    retried: bool = False  # set by NanGuard when it rolled back to a checkpoint
 
 
 def _earliest_step(strategy: tf.distribute.Strategy, per_replica_step) -> tf.Tensor:
     """The smallest non-negative step over all replicas, or -1 (ReduceOp has no MIN: gather, then min)."""
     if strategy.num_replicas_in_sync == 1:
         return strategy.experimental_local_results(per_replica_step)[0]
-    steps = strategy.gather(strategy.run(lambda s: tf.reshape(s, [1]), args=(per_replica_step,)), axis=0)
+    steps = strategy.gather(
+        strategy.run(lambda s: tf.reshape(s, [1]), args=(per_replica_step,)), axis=0
+    )
     never = tf.int64.max
     earliest = tf.reduce_min(tf.where(steps < 0, tf.constant(never, tf.int64), steps))
     return tf.where(earliest == never, tf.constant(-1, tf.int64), earliest)
 
 
-def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
-                   jit_compile: bool = False, step_fn: Callable | None = None,
-                   next_batch: Callable = next) -> Callable:
+def _train_loop_fn(
+    strategy: tf.distribute.Strategy,
+    trainer: Trainer,
+    global_step: tf.Variable,
+    jit_compile: bool = False,
+    step_fn: Callable | None = None,
+    next_batch: Callable = next,
+) -> Callable:
     """The compiled loop; `next_batch(iterator)` gives one step's input (a `data.SyncInput`'s, or `next`)."""
     step_fn = step_fn or trainer.train_step
-    if jit_compile:  # each replica's step is compiled (as Keras does for fit); the loop around it is not
+    if (
+        jit_compile
+    ):  # each replica's step is compiled (as Keras does for fit); the loop around it is not
         step_fn = tf.function(step_fn, jit_compile=True)
 
     def replica_step(batch, total, first_bad, step):
@@ -71,13 +80,16 @@ def _train_loop_fn(strategy: tf.distribute.Strategy, trainer: Trainer, global_st
         for i in tf.range(steps):
             # The step being taken, for user steps that need it (schedules, fault injection).
             trainer.step = base + i + 1
-            total, first_bad = strategy.run(replica_step, args=(next_batch(iterator), total, first_bad, trainer.step))
+            total, first_bad = strategy.run(
+                replica_step, args=(next_batch(iterator), total, first_bad, trainer.step)
+            )
         # One increment per loop, at its end: a closure that a dead worker never finished
         # is re-run by the coordinator without counting its steps twice.
         global_step.assign_add(tf.cast(steps, tf.int64))
         # Replica losses are already scaled to the global batch: their sum is the global loss.
         total = tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None), tf.float32)
         return total / tf.cast(steps, tf.float32), _earliest_step(strategy, first_bad)
+
     return train_loop
 
 
@@ -95,8 +107,15 @@ class StepsPerLoopTuner:
     workers) every decision is taken jointly.
     """
 
-    def __init__(self, initial: int = 8, maximum: int = 1024, min_gain: float = 0.05,
-                 calls_per_trial: int = 2, patience: int = 1, agree: Callable[[int], int] | None = None):
+    def __init__(
+        self,
+        initial: int = 8,
+        maximum: int = 1024,
+        min_gain: float = 0.05,
+        calls_per_trial: int = 2,
+        patience: int = 1,
+        agree: Callable[[int], int] | None = None,
+    ):
         self.value = initial
         self.maximum = maximum
         self.min_gain = min_gain
@@ -132,7 +151,9 @@ class StepsPerLoopTuner:
         else:
             self.value = self.agree(self._best[1])
             self.frozen = True
-            logging.info("steps_per_loop='auto' settled on %d (%.1f steps/s)", self.value, self._best[0])
+            logging.info(
+                "steps_per_loop='auto' settled on %d (%.1f steps/s)", self.value, self._best[0]
+            )
 
 
 class FixedStepsPerLoop:
@@ -147,21 +168,25 @@ class FixedStepsPerLoop:
 
 def _combine(parts: list[tuple[int, float, int]]) -> LoopResult:
     steps = sum(n for n, _, _ in parts)
-    loss = sum(n * l for n, l, _ in parts) / max(steps, 1)
+    loss = sum(n * part_loss for n, part_loss, _ in parts) / max(steps, 1)
     bad = [b for _, _, b in parts if b >= 0]
     return LoopResult(steps=steps, loss=loss, first_nonfinite_step=min(bad) if bad else None)
 
 
-def _train_dataset_fn(trainer: Trainer, context: tf.distribute.InputContext | None = None) -> Callable:
+def _train_dataset_fn(
+    trainer: Trainer, context: tf.distribute.InputContext | None = None
+) -> Callable:
     """The function from an InputContext to the Trainer's finished training pipeline.
 
     `context`, when given, replaces the one TF passes (parameter_server: TF's
     says "pipeline 0 of 1" on every worker). AutoGraph must not convert the
     user's pipeline code: it is plain Python that builds a tf.data graph.
     """
+
     @tf.autograph.experimental.do_not_convert
     def dataset_fn(tf_context):
         return data_lib.finish(trainer.build_train_dataset(context or tf_context))
+
     return dataset_fn
 
 
@@ -173,13 +198,24 @@ class TrainLoop:
     are CPUs (the distributed iterator costs ~2x the CPU per batch there).
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, trainer: Trainer, global_step: tf.Variable,
-                 steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False,
-                 step_fn: Callable | None = None):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        trainer: Trainer,
+        global_step: tf.Variable,
+        steps_per_loop: int | StepsPerLoopTuner,
+        *,
+        jit_compile: bool = False,
+        step_fn: Callable | None = None,
+    ):
         self.strategy = strategy
-        self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
+        self.size = (
+            FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
+        )
         self.input = data_lib.SyncInput(strategy, _train_dataset_fn(trainer))
-        self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn, self.input.next_batch)
+        self._loop = _train_loop_fn(
+            strategy, trainer, global_step, jit_compile, step_fn, self.input.next_batch
+        )
         self._iterator = self.input.iterator
         logging.info("training input: %s", self.input.describe())
 
@@ -203,13 +239,25 @@ class TrainLoop:
 class ScheduledTrainLoop:
     """Runs training steps under parameter_server: whole loops scheduled onto workers by the chief."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, coordinator: Any, trainer: Trainer,
-                 global_step: tf.Variable, steps_per_loop: int | StepsPerLoopTuner, *, jit_compile: bool = False,
-                 step_fn: Callable | None = None, num_workers: int = 1, stall_timeout_s: float = 0.0,
-                 worker_addresses: Sequence[str] = ()):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        coordinator: Any,
+        trainer: Trainer,
+        global_step: tf.Variable,
+        steps_per_loop: int | StepsPerLoopTuner,
+        *,
+        jit_compile: bool = False,
+        step_fn: Callable | None = None,
+        num_workers: int = 1,
+        stall_timeout_s: float = 0.0,
+        worker_addresses: Sequence[str] = (),
+    ):
         self.coordinator = coordinator
         self.num_workers = max(1, num_workers)
-        self.size = FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
+        self.size = (
+            FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
+        )
         self.stall_timeout_s = stall_timeout_s
         self.worker_addresses = list(worker_addresses)
         self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn)
@@ -237,10 +285,20 @@ class ScheduledTrainLoop:
         start = time.perf_counter()
         full, rest = divmod(steps, size)
         for n in [size] * full + ([rest] if rest else []):
-            scheduled.append((n, self.coordinator.schedule(
-                self._loop, args=(self._iterator, tf.constant(n, tf.int64)))))
-        watchdog.wait_for_closures(self.coordinator, [remote for _, remote in scheduled],
-                                   timeout_s=self.stall_timeout_s, worker_addresses=self.worker_addresses)
+            scheduled.append(
+                (
+                    n,
+                    self.coordinator.schedule(
+                        self._loop, args=(self._iterator, tf.constant(n, tf.int64))
+                    ),
+                )
+            )
+        watchdog.wait_for_closures(
+            self.coordinator,
+            [remote for _, remote in scheduled],
+            timeout_s=self.stall_timeout_s,
+            worker_addresses=self.worker_addresses,
+        )
         parts = []
         for n, remote in scheduled:
             loss, first_bad = remote.fetch()
@@ -254,6 +312,7 @@ def _eval_loop_fn(trainer: Trainer) -> Callable:
     @tf.function(reduce_retracing=True)
     def eval_batch(batch):
         trainer.eval_step(batch)
+
     return eval_batch
 
 
@@ -266,7 +325,9 @@ class EvalLoop:
     variables from wherever they live.
     """
 
-    def __init__(self, trainer: Trainer, strategy: tf.distribute.Strategy | None, distributed: bool):
+    def __init__(
+        self, trainer: Trainer, strategy: tf.distribute.Strategy | None, distributed: bool
+    ):
         self.trainer = trainer
         self.strategy = strategy
         self.distributed = distributed
@@ -284,7 +345,9 @@ class EvalLoop:
         self.distributed = distributed
         if distributed:
             options = tf.data.Options()
-            options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+            options.experimental_distribute.auto_shard_policy = (
+                tf.data.experimental.AutoShardPolicy.DATA
+            )
             self._dataset = strategy.experimental_distribute_dataset(dataset.with_options(options))
 
             @tf.function(reduce_retracing=True)
@@ -299,6 +362,7 @@ class EvalLoop:
             # makes of the step, and tf.distribute evens out partial final batches across workers.
             for batch in batches:
                 eval_batch(batch)
+
         self._pass = eval_pass
 
     def evaluate(self) -> dict[str, float]:

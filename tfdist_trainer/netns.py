@@ -36,6 +36,7 @@ import struct
 import subprocess
 import time
 from collections.abc import Sequence
+
 from tfdist_trainer.errors import ConfigError
 
 PREFIX = "tfd-"
@@ -48,19 +49,29 @@ class NetnsError(RuntimeError):
 
 # -- what this machine allows ----------------------------------------------------
 
+
 def ip_binary() -> str | None:
-    return shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip")
-                                       if os.access(p, os.X_OK)), None)
+    return shutil.which("ip") or next(
+        (
+            p
+            for p in ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip")
+            if os.access(p, os.X_OK)
+        ),
+        None,
+    )
 
 
 def _ip(*args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
     ip = ip_binary()
     if ip is None:
         raise NetnsError("iproute2's `ip` is not installed; install it (apt-get install iproute2).")
-    result = subprocess.run([ip, *args], capture_output=True, text=True, timeout=timeout,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [ip, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
     if check and result.returncode != 0:
-        raise NetnsError(f"`ip {' '.join(args)}` failed: {(result.stderr or result.stdout).strip()}")
+        raise NetnsError(
+            f"`ip {' '.join(args)}` failed: {(result.stderr or result.stdout).strip()}"
+        )
     return result
 
 
@@ -86,14 +97,21 @@ def unshare_unavailable_reason() -> str | None:
     if unshare is None:
         return "util-linux's `unshare` is not installed"
     try:
-        result = subprocess.run([unshare, "-rn", "true"], capture_output=True, text=True, timeout=30,
-                                stdin=subprocess.DEVNULL)
+        result = subprocess.run(
+            [unshare, "-rn", "true"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return f"`unshare -rn` could not run ({e})"
     if result.returncode != 0:
-        return (f"`unshare -rn` is not permitted here ({result.stderr.strip() or result.returncode}); "
-                f"unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone "
-                f"or user.max_user_namespaces)")
+        return (
+            f"`unshare -rn` is not permitted here ({result.stderr.strip() or result.returncode}); "
+            f"unprivileged user namespaces may be disabled (sysctl kernel.unprivileged_userns_clone "
+            f"or user.max_user_namespaces)"
+        )
     return None
 
 
@@ -125,9 +143,13 @@ def bring_loopback_up() -> None:
     """Sets `lo` up in the current network namespace (a fresh one has it down), without `ip`."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         request = struct.pack("16sh", b"lo", 0)
-        flags = struct.unpack("16sh", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request + b"\0" * 22)[:18])[1]
+        flags = struct.unpack(
+            "16sh", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request + b"\0" * 22)[:18]
+        )[1]
         if not flags & _IFF_UP:
-            fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP) + b"\0" * 22)
+            fcntl.ioctl(
+                s.fileno(), _SIOCSIFFLAGS, struct.pack("16sh", b"lo", flags | _IFF_UP) + b"\0" * 22
+            )
 
 
 def netns_inode(pid: int | str = "self") -> int | None:
@@ -155,6 +177,7 @@ def kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
 
 # -- named namespaces (root) -----------------------------------------------------
 
+
 def unique_name(tag: str, suffix: str = "") -> str:
     """``tfd-<tag>-<pid>-<hex>[-suffix]``: unique, and tells `sweep_stale` who created it."""
     tag = re.sub(r"[^a-z0-9]", "", tag.lower()) or "ns"
@@ -168,7 +191,7 @@ class Namespace:
         self.name = name or unique_name(tag)
         self.created = False
 
-    def create(self) -> "Namespace":
+    def create(self) -> Namespace:
         _ip("netns", "add", self.name)
         self.created = True
         _ip("-n", self.name, "link", "set", "lo", "up")
@@ -200,7 +223,7 @@ class Namespace:
         _ip("netns", "del", self.name, check=False)
         self.created = False
 
-    def __enter__(self) -> "Namespace":
+    def __enter__(self) -> Namespace:
         return self.create()
 
     def __exit__(self, *exc) -> None:

@@ -36,17 +36,18 @@ import contextlib
 import functools
 import math
 import re
-from collections.abc import Sequence
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
 
 AUTO = "auto"
 
 
 # -- plans (pure Python: checked before TensorFlow starts) -----------------------
+
 
 class Rule:
     """One ``(pattern, device index)`` entry of a plan."""
@@ -63,24 +64,32 @@ class Rule:
         return f"({self.pattern!r}, {self.index})"
 
 
-def parse_plan(plan: Any, *, num_devices: int, knob: str = "model_parallel.plan") -> str | list[Rule]:
+def parse_plan(
+    plan: Any, *, num_devices: int, knob: str = "model_parallel.plan"
+) -> str | list[Rule]:
     """'auto', or the plan's rules in order; a malformed plan or a device index >= num_devices is a ValueError."""
     if isinstance(plan, str):
         if plan.lower() == AUTO:
             return AUTO
-        raise ConfigError(f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
-                         f"(layer regex, device index) pairs, got {plan!r}.")
+        raise ConfigError(
+            f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
+            f"(layer regex, device index) pairs, got {plan!r}."
+        )
     if isinstance(plan, dict):
         pairs = list(plan.items())
     elif isinstance(plan, (list, tuple)):
         pairs = []
         for entry in plan:
             if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
-                raise ConfigError(f"{knob} entries must be (layer regex, device index) pairs, got {entry!r}.")
+                raise ConfigError(
+                    f"{knob} entries must be (layer regex, device index) pairs, got {entry!r}."
+                )
             pairs.append(tuple(entry))
     else:
-        raise ConfigError(f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
-                         f"(layer regex, device index) pairs, got {plan!r}.")
+        raise ConfigError(
+            f"{knob} must be 'auto', a dict {{layer regex: device index}} or a list of "
+            f"(layer regex, device index) pairs, got {plan!r}."
+        )
     if not pairs:
         raise ConfigError(f"{knob} is empty; name at least one layer pattern, or use 'auto'.")
     rules = []
@@ -88,16 +97,22 @@ def parse_plan(plan: Any, *, num_devices: int, knob: str = "model_parallel.plan"
         if not isinstance(pattern, str):
             raise ConfigError(f"{knob}: layer pattern {pattern!r} is not a string.")
         if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise ConfigError(f"{knob}: device index {index!r} for layer pattern {pattern!r} must be an "
-                             f"integer >= 0.")
+            raise ConfigError(
+                f"{knob}: device index {index!r} for layer pattern {pattern!r} must be an "
+                f"integer >= 0."
+            )
         if index >= num_devices:
-            raise ConfigError(f"{knob} puts layer pattern {pattern!r} on device {index}, but "
-                             f"model_parallel.num_devices={num_devices} gives devices 0..{num_devices - 1}; "
-                             f"raise num_devices or fix the plan.")
+            raise ConfigError(
+                f"{knob} puts layer pattern {pattern!r} on device {index}, but "
+                f"model_parallel.num_devices={num_devices} gives devices 0..{num_devices - 1}; "
+                f"raise num_devices or fix the plan."
+            )
         try:
             rules.append(Rule(pattern, index))
         except re.error as e:
-            raise ConfigError(f"{knob}: layer pattern {pattern!r} is not a valid regular expression ({e}).") from None
+            raise ConfigError(
+                f"{knob}: layer pattern {pattern!r} is not a valid regular expression ({e})."
+            ) from None
     return rules
 
 
@@ -156,6 +171,7 @@ def short_device(name: str) -> str:
 def same_device(actual: str, wanted: str) -> bool:
     """Whether a variable's device is the planned one (type and index; job/task when both name them)."""
     import tensorflow as tf
+
     a, w = tf.DeviceSpec.from_string(actual or ""), tf.DeviceSpec.from_string(wanted or "")
     if (a.device_type or "").upper() != (w.device_type or "").upper():
         return False
@@ -163,12 +179,11 @@ def same_device(actual: str, wanted: str) -> bool:
         return False
     if a.job and w.job and a.job != w.job:
         return False
-    if a.task is not None and w.task is not None and a.task != w.task:
-        return False
-    return True
+    return a.task is None or w.task is None or a.task == w.task
 
 
 # -- placing variables --------------------------------------------------------------
+
 
 class _Devices:
     """What a MirroredStrategy's variable creator reads from `colocate_with`: the devices of the copies."""
@@ -191,8 +206,11 @@ def on_device(device: str | None):
         yield
         return
     import tensorflow as tf
+
     strategy = tf.distribute.get_strategy()
-    mirrored = isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy))
+    mirrored = isinstance(
+        strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    )
     with tf.device(device):
         if not mirrored or len(strategy.extended.worker_devices) != 1:
             yield
@@ -210,6 +228,7 @@ def on_device(device: str | None):
 def _move_variable(kvar: Any, device: str) -> None:
     """Re-creates a built Keras variable's storage on `device` (same value, name and flags)."""
     import tensorflow as tf
+
     old = tf_compat.variable_storage(kvar)
     if old is None:
         return
@@ -221,7 +240,10 @@ def _move_variable(kvar: Any, device: str) -> None:
 
 def _defer_to_device(kvar: Any, device_fn: Callable[[], str | None]) -> None:
     """A variable Keras deferred (created in a StatelessScope) is initialized on its layer's device."""
-    if getattr(kvar, "_tfdist_deferred_placed", False) or tf_compat.variable_storage(kvar) is not None:
+    if (
+        getattr(kvar, "_tfdist_deferred_placed", False)
+        or tf_compat.variable_storage(kvar) is not None
+    ):
         return
     import tensorflow as tf
 
@@ -229,18 +251,25 @@ def _defer_to_device(kvar: Any, device_fn: Callable[[], str | None]) -> None:
     def on_layer_device():
         with tf.init_scope(), on_device(device_fn()):
             yield
+
     if tf_compat.wrap_deferred_initializer(kvar, on_layer_device):
         kvar._tfdist_deferred_placed = True
 
 
 def _children(layer: Any) -> list:
     import keras
-    return [c for c in tf_compat.sublayers(layer, recursive=False) if not isinstance(c, keras.layers.InputLayer)]
+
+    return [
+        c
+        for c in tf_compat.sublayers(layer, recursive=False)
+        if not isinstance(c, keras.layers.InputLayer)
+    ]
 
 
 def _is_building_call() -> bool:
     """True in an eager call outside Keras's symbolic/stateless scopes (where a build really happens)."""
     import tensorflow as tf
+
     if not tf.executing_eagerly():
         return False
     return not tf_compat.in_stateless_scope() and not tf_compat.in_symbolic_scope()
@@ -264,8 +293,15 @@ class Unit:
 class Placement:
     """Places one model's layers on `devices` following `plan` (see the module docstring)."""
 
-    def __init__(self, model: Any, plan: str | list[Rule], devices: Sequence[str], *,
-                 host_device: str | None = None, log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        model: Any,
+        plan: str | list[Rule],
+        devices: Sequence[str],
+        *,
+        host_device: str | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.model = model
         self.plan = plan
         self.devices = list(devices)
@@ -279,8 +315,10 @@ class Placement:
     def _assign(self) -> None:
         top = _children(self.model)
         if not top:
-            raise ConfigError(f"model_parallel needs a model made of layers, but {self.model.name!r} has no "
-                             f"sublayers; build it from layers (Sequential, functional, or sublayers of a Model).")
+            raise ConfigError(
+                f"model_parallel needs a model made of layers, but {self.model.name!r} has no "
+                f"sublayers; build it from layers (Sequential, functional, or sublayers of a Model)."
+            )
         if self.plan == AUTO:
             self.units = [Unit(layer.name, layer, None, None) for layer in top]
             return
@@ -318,13 +356,17 @@ class Placement:
         unused = [rule.pattern for n, rule in enumerate(self.plan) if n not in used]
         if unused:
             names = ", ".join(repr(layer.name) for layer in top)
-            raise ConfigError(f"model_parallel.plan pattern {unused[0]!r} matches no layer of model "
-                             f"{self.model.name!r} (its layers: {names}; nested layers as 'parent/child'); "
-                             f"fix the pattern or remove it.")
+            raise ConfigError(
+                f"model_parallel.plan pattern {unused[0]!r} matches no layer of model "
+                f"{self.model.name!r} (its layers: {names}; nested layers as 'parent/child'); "
+                f"fix the pattern or remove it."
+            )
         self.units = units
 
     def device_for(self, unit: Unit) -> str | None:
-        if unit.index is None:  # 'auto' before the sizes are known: build on the host, move afterwards
+        if (
+            unit.index is None
+        ):  # 'auto' before the sizes are known: build on the host, move afterwards
             return self.host_device
         return self.devices[unit.index]
 
@@ -334,7 +376,9 @@ class Placement:
         self._assign()
         for unit in self.units:
             self._wrap(unit)
-        if getattr(self.model, "built", False) and all(getattr(u.layer, "built", False) for u in self.units):
+        if getattr(self.model, "built", False) and all(
+            getattr(u.layer, "built", False) for u in self.units
+        ):
             self.finalize()
         else:
             self._finalize_after_first_call()
@@ -377,6 +421,7 @@ class Placement:
             if not placement.finalized and _is_building_call():
                 placement.finalize()
             return result
+
         model.call = call
 
     # -- after the build -----------------------------------------------------
@@ -405,10 +450,15 @@ class Placement:
                     self.moved.append(v.path)
         self.finalized = True
         if self.moved:
-            why = ("'auto' sizes layers after building them" if self.plan == AUTO
-                   else "they were built before placement, or lazily outside their layer's build()")
-            self._log(f"model_parallel moved {len(self.moved)} variable(s) to their planned device after the "
-                      f"model was built ({why})")
+            why = (
+                "'auto' sizes layers after building them"
+                if self.plan == AUTO
+                else "they were built before placement, or lazily outside their layer's build()"
+            )
+            self._log(
+                f"model_parallel moved {len(self.moved)} variable(s) to their planned device after the "
+                f"model was built ({why})"
+            )
         for line in self.table_lines():
             self._log(line)
 
@@ -428,20 +478,26 @@ class Placement:
         rows = []
         for unit in self.units:
             params = sum(int(math.prod(int(d) for d in v.shape)) for v in unit.own_variables)
-            rows.append({
-                "layer": unit.path,
-                "device_index": unit.index,
-                "device": self.devices[unit.index] if unit.index is not None else None,
-                "rule": unit.rule.pattern if unit.rule else None,
-                "params": params,
-                "bytes": sum(stored_bytes(v) for v in unit.own_variables),
-                "variables": [{"name": v.path, "device": device_of(v)} for v in unit.own_variables],
-            })
+            rows.append(
+                {
+                    "layer": unit.path,
+                    "device_index": unit.index,
+                    "device": self.devices[unit.index] if unit.index is not None else None,
+                    "rule": unit.rule.pattern if unit.rule else None,
+                    "params": params,
+                    "bytes": sum(stored_bytes(v) for v in unit.own_variables),
+                    "variables": [
+                        {"name": v.path, "device": device_of(v)} for v in unit.own_variables
+                    ],
+                }
+            )
         return rows
 
     def per_device(self) -> list[dict[str, Any]]:
-        totals = [{"device_index": i, "device": d, "params": 0, "bytes": 0, "layers": []}
-                  for i, d in enumerate(self.devices)]
+        totals = [
+            {"device_index": i, "device": d, "params": 0, "bytes": 0, "layers": []}
+            for i, d in enumerate(self.devices)
+        ]
         for row in self.rows():
             if row["device_index"] is None:
                 continue
@@ -453,21 +509,31 @@ class Placement:
 
     def table_lines(self) -> list[str]:
         rows = self.rows()
-        plan = "'auto' (contiguous stages balanced by bytes)" if self.plan == AUTO else repr(self.plan)
+        plan = (
+            "'auto' (contiguous stages balanced by bytes)" if self.plan == AUTO else repr(self.plan)
+        )
         lines = [f"model_parallel placement over {len(self.devices)} device(s), plan {plan}:"]
         width = max([len("layer")] + [len(r["layer"]) for r in rows])
         lines.append(f"  {'layer'.ljust(width)}  {'params':>12}  {'bytes':>11}  device")
         for r in rows:
-            how = "" if r["rule"] or self.plan == AUTO else "  (no pattern: follows the layer before)"
-            lines.append(f"  {r['layer'].ljust(width)}  {r['params']:>12,}  {format_bytes(r['bytes']):>11}  "
-                         f"{short_device(r['device'])}{how}")
+            how = (
+                "" if r["rule"] or self.plan == AUTO else "  (no pattern: follows the layer before)"
+            )
+            lines.append(
+                f"  {r['layer'].ljust(width)}  {r['params']:>12,}  {format_bytes(r['bytes']):>11}  "
+                f"{short_device(r['device'])}{how}"
+            )
         total = sum(d["bytes"] for d in self.per_device()) or 1
         for d in self.per_device():
-            lines.append(f"  device {short_device(d['device'])}: {len(d['layers'])} layer(s), {d['params']:,} params, "
-                         f"{format_bytes(d['bytes'])} ({100.0 * d['bytes'] / total:.0f}%)")
+            lines.append(
+                f"  device {short_device(d['device'])}: {len(d['layers'])} layer(s), {d['params']:,} params, "
+                f"{format_bytes(d['bytes'])} ({100.0 * d['bytes'] / total:.0f}%)"
+            )
         return lines
 
-    def report(self, *, optimizer: Any = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def report(
+        self, *, optimizer: Any = None, extra: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The placement as a JSON-able dict: layers, their variables' real devices, totals per device."""
         payload: dict[str, Any] = {
             "devices": self.devices,
@@ -478,17 +544,21 @@ class Placement:
             "misplaced": [list(m) for m in self.misplaced()],
         }
         if optimizer is not None:
-            payload["optimizer_variables"] = [{"name": getattr(v, "path", getattr(v, "name", "?")),
-                                               "device": device_of(v)} for v in optimizer.variables]
+            payload["optimizer_variables"] = [
+                {"name": getattr(v, "path", getattr(v, "name", "?")), "device": device_of(v)}
+                for v in optimizer.variables
+            ]
         payload.update(extra or {})
         return payload
 
 
 # -- the training step -------------------------------------------------------------
 
+
 def split_batch(structure: Any, num: int) -> list[Any]:
     """Splits every tensor of a (nested) batch into `num` micro-batches along axis 0 (sizes differ by <= 1)."""
     import tensorflow as tf
+
     leaves = tf.nest.flatten(structure)
     parts = []
     for leaf in leaves:
@@ -504,8 +574,9 @@ def split_batch(structure: Any, num: int) -> list[Any]:
     return [tf.nest.pack_sequence_as(structure, [p[m] for p in parts]) for m in range(num)]
 
 
-def compute_gradients(trainer: Any, batch: Any, *, num_micro_batches: int = 1,
-                      loss_device: str | None = None) -> tuple[Any, list, list]:
+def compute_gradients(
+    trainer: Any, batch: Any, *, num_micro_batches: int = 1, loss_device: str | None = None
+) -> tuple[Any, list, list]:
     """(loss, gradients of trainer.model.trainable_variables, [(labels, predictions) per micro-batch]).
 
     The loss is ``trainer.average_loss`` of the per-example losses of the whole
@@ -515,6 +586,7 @@ def compute_gradients(trainer: Any, batch: Any, *, num_micro_batches: int = 1,
     eager mode from a GradientTape.
     """
     import tensorflow as tf
+
     features, labels = batch
     variables = trainer.model.trainable_variables
 
@@ -522,7 +594,11 @@ def compute_gradients(trainer: Any, batch: Any, *, num_micro_batches: int = 1,
         if num_micro_batches == 1:
             parts = [(features, labels)]
         else:
-            parts = list(zip(split_batch(features, num_micro_batches), split_batch(labels, num_micro_batches)))
+            parts = list(
+                zip(
+                    split_batch(features, num_micro_batches), split_batch(labels, num_micro_batches)
+                )
+            )
         outputs, per_example = [], []
         for part_features, part_labels in parts:
             predictions = trainer.model(part_features, training=True)
@@ -550,29 +626,41 @@ def compute_gradients(trainer: Any, batch: Any, *, num_micro_batches: int = 1,
 
 def overrides_train_step(trainer: Any) -> bool:
     from tfdist_trainer.trainer import Trainer
+
     return getattr(type(trainer), "train_step", None) is not Trainer.train_step
 
 
-def make_train_step(trainer: Any, *, num_micro_batches: int, loss_device: str | None,
-                    log: Callable[[str], None] | None = None) -> Callable:
+def make_train_step(
+    trainer: Any,
+    *,
+    num_micro_batches: int,
+    loss_device: str | None,
+    log: Callable[[str], None] | None = None,
+) -> Callable:
     """The per-replica step: forward over the placed layers (per micro-batch), backward, one update."""
     if overrides_train_step(trainer):
         name = type(trainer).__name__
         if num_micro_batches > 1:
-            raise ConfigError(f"model_parallel.num_micro_batches={num_micro_batches} replaces Trainer.train_step, "
-                             f"but {name} overrides train_step; set model_parallel.num_micro_batches = 1 or "
-                             f"drop the override.")
+            raise ConfigError(
+                f"model_parallel.num_micro_batches={num_micro_batches} replaces Trainer.train_step, "
+                f"but {name} overrides train_step; set model_parallel.num_micro_batches = 1 or "
+                f"drop the override."
+            )
         if log:
-            log(f"{name} overrides train_step: model_parallel runs it as it is; a GradientTape places "
-                f"backward ops on the default device (use tf.gradients to colocate them with the forward ops)")
+            log(
+                f"{name} overrides train_step: model_parallel runs it as it is; a GradientTape places "
+                f"backward ops on the default device (use tf.gradients to colocate them with the forward ops)"
+            )
         return trainer.train_step
 
     def train_step(batch):
-        loss, gradients, outputs = compute_gradients(trainer, batch, num_micro_batches=num_micro_batches,
-                                                     loss_device=loss_device)
+        loss, gradients, outputs = compute_gradients(
+            trainer, batch, num_micro_batches=num_micro_batches, loss_device=loss_device
+        )
         trainer.optimizer.apply_gradients(zip(gradients, trainer.model.trainable_variables))
         for labels, predictions in outputs:
             for metric in trainer.train_metrics:
                 metric.update_state(labels, predictions)
         return loss
+
     return train_step

@@ -12,7 +12,9 @@ from tfdist_trainer.cluster import CHIEF, ClusterConfig, is_listening
 from tfdist_trainer.errors import ChiefLost
 
 
-def serve(cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, poll_s: float = 1.0) -> None:
+def serve(
+    cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, poll_s: float = 1.0
+) -> None:
     """Runs this task's TF server until the chief marks training done in model_dir, then returns (exit 0).
 
     A chief that has been unreachable for `chief_gone_grace_s` (0: wait
@@ -23,8 +25,12 @@ def serve(cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, 
     """
     stale = markers.done_run_id(model_dir)  # a marker already there is an older run's
     server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster.training_cluster()), job_name=cluster.task_type,
-        task_index=cluster.task_id, protocol=cluster.rpc_layer, start=True)
+        tf.train.ClusterSpec(cluster.training_cluster()),
+        job_name=cluster.task_type,
+        task_index=cluster.task_id,
+        protocol=cluster.rpc_layer,
+        start=True,
+    )
     logging.info("serving at %s", server.target)
     chief = cluster.tasks((CHIEF,))[0]
     seen, gone_since, last_note = False, None, time.monotonic()
@@ -41,10 +47,12 @@ def serve(cluster: ClusterConfig, model_dir: str, *, chief_gone_grace_s: float, 
         if not up and seen:
             gone_since = gone_since or now
             if chief_gone_grace_s > 0 and now - gone_since >= chief_gone_grace_s:
-                raise ChiefLost(f"the chief at {chief.address} has been unreachable for {now - gone_since:.0f}s "
-                                f"(--chief_gone_grace_s={chief_gone_grace_s:g}) and never marked training done; "
-                                f"exiting with code {ChiefLost.exit_code} (retryable) so that a restart policy "
-                                f"brings this task back for the restarted chief.")
+                raise ChiefLost(
+                    f"the chief at {chief.address} has been unreachable for {now - gone_since:.0f}s "
+                    f"(--chief_gone_grace_s={chief_gone_grace_s:g}) and never marked training done; "
+                    f"exiting with code {ChiefLost.exit_code} (retryable) so that a restart policy "
+                    f"brings this task back for the restarted chief."
+                )
         elif not up and now - last_note > 30:
             logging.info("waiting for the chief at %s", chief.address)
             last_note = now

@@ -15,8 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import data as data_lib
-from tfdist_trainer import layers
-from tfdist_trainer import tf_compat
+from tfdist_trainer import layers, tf_compat
 from tfdist_trainer.strategies import StrategyConfig
 from tfdist_trainer.trainer import Trainer
 
@@ -29,6 +28,7 @@ def _example_batch(trainer: Trainer) -> Any:
     def zeros(s):
         shape = [1 if d is None else d for d in s.shape.as_list()]
         return tf.zeros([1] + shape[1:], s.dtype)
+
     return tf.nest.map_structure(zeros, features_spec)
 
 
@@ -47,8 +47,13 @@ def build_model(trainer: Trainer, strategy_config: StrategyConfig | None = None)
     return model
 
 
-def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_optimizer: bool = True,
-                strategy_config: StrategyConfig | None = None) -> tuple[tf.Variable, tf.train.Checkpoint]:
+def build_state(
+    trainer: Trainer,
+    strategy: tf.distribute.Strategy,
+    *,
+    with_optimizer: bool = True,
+    strategy_config: StrategyConfig | None = None,
+) -> tuple[tf.Variable, tf.train.Checkpoint]:
     """Creates model, optimizer, metrics and global step under the scope; returns (global_step, checkpoint)."""
     with strategy.scope(), layers.record_all_variables():
         # The placement scope lets self-sharding layers balance bytes against every variable.
@@ -57,13 +62,19 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
         if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
             tf_compat.make_metric_updates_atomic(trainer.train_metrics + trainer.eval_metrics)
-        global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
-                                  aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        global_step = tf.Variable(
+            0,
+            dtype=tf.int64,
+            trainable=False,
+            name="global_step",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+        )
         items = {"model": trainer.model, "global_step": global_step}
         if with_optimizer:
             trainer.optimizer = trainer.build_optimizer()
-            if (keras.mixed_precision.global_policy().name == "mixed_float16"
-                    and not isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)):
+            if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
+                trainer.optimizer, keras.optimizers.LossScaleOptimizer
+            ):
                 # float16 gradients underflow without loss scaling; Trainer.train_step scales the loss.
                 trainer.optimizer = keras.optimizers.LossScaleOptimizer(trainer.optimizer)
             trainer.optimizer.build(trainer.model.trainable_variables)
@@ -73,7 +84,9 @@ def build_state(trainer: Trainer, strategy: tf.distribute.Strategy, *, with_opti
 
 def log_placement(trainer: Trainer) -> None:
     """Where every variable lives (variable, shape, bytes, device; bytes per device), once, on the chief."""
-    variables = list(trainer.model.variables) + (list(trainer.optimizer.variables) if trainer.optimizer else [])
+    variables = list(trainer.model.variables) + (
+        list(trainer.optimizer.variables) if trainer.optimizer else []
+    )
     logging.info("variable placement:\n%s", layers.placement_table(variables))
 
 

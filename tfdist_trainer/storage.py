@@ -22,6 +22,7 @@ import posixpath
 import threading
 import time
 import uuid
+
 from tfdist_trainer.errors import StorageError
 
 #: Schemes whose rename is a copy and a delete; an object written in one request is already atomic.
@@ -37,6 +38,7 @@ def _gfile(path: str):
     """tf.io.gfile, after importing tensorflow-io (when installed) for a scheme only it provides."""
     global _tensorflow_io_tried
     import tensorflow as tf
+
     if path.startswith(_TENSORFLOW_IO_SCHEMES) and not _tensorflow_io_tried:
         _tensorflow_io_tried = True
         try:
@@ -48,6 +50,7 @@ def _gfile(path: str):
 
 def _errors():
     import tensorflow as tf
+
     return tf.errors
 
 
@@ -63,7 +66,7 @@ def dirname(path: str) -> str:
 def local_path(path: str) -> str | None:
     """The path on this machine's disk for a plain path or a ``file://`` URI; None for any other URI."""
     if path.startswith("file://"):
-        return path[len("file://"):]
+        return path[len("file://") :]
     return None if "://" in path else path
 
 
@@ -76,8 +79,11 @@ def _one_line(path: str):
         message = (e.message or type(e).__name__).strip().splitlines()[0]
         if isinstance(e, _errors().UnimplementedError) and "://" in path:
             scheme = path.split("://", 1)[0]
-            message += (f"; {scheme}:// needs the tensorflow-io package, in a release built for this TensorFlow"
-                        if f"{scheme}://" in _TENSORFLOW_IO_SCHEMES else f"; TensorFlow has no {scheme}:// file system")
+            message += (
+                f"; {scheme}:// needs the tensorflow-io package, in a release built for this TensorFlow"
+                if f"{scheme}://" in _TENSORFLOW_IO_SCHEMES
+                else f"; TensorFlow has no {scheme}:// file system"
+            )
         raise StorageError(message) from None
 
 
@@ -220,7 +226,9 @@ class LogCopy:
         self._last_flush = time.monotonic()
         self._file = _gfile(path).GFile(path, "ab" if local is not None else "wb")
         if local is not None:
-            self._file.write(b"")  # creates the file (GFile opens lazily), to make it private before any output
+            self._file.write(
+                b""
+            )  # creates the file (GFile opens lazily), to make it private before any output
             self._file.flush()
             os.chmod(local, 0o600)
 

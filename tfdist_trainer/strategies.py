@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import gin
 
-from tfdist_trainer.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterConfig, ClusterConfigError, TaskAddress
+from tfdist_trainer.cluster import (
+    CHIEF,
+    EVALUATOR,
+    PS,
+    WORKER,
+    ClusterConfig,
+    ClusterConfigError,
+    TaskAddress,
+)
 from tfdist_trainer.errors import ConfigError
 
 if TYPE_CHECKING:  # TensorFlow is imported only once the cluster is known to be sane.
@@ -22,8 +30,8 @@ if TYPE_CHECKING:  # TensorFlow is imported only once the cluster is known to be
 
 
 class Action(enum.Enum):
-    TRAIN = "train"        # runs the training loop (chief, lone process, or every MWMS worker)
-    SERVE = "serve"        # hosts variables / runs scheduled functions until the job ends
+    TRAIN = "train"  # runs the training loop (chief, lone process, or every MWMS worker)
+    SERVE = "serve"  # hosts variables / runs scheduled functions until the job ends
     EVALUATE = "evaluate"  # side-car that follows checkpoints
 
 
@@ -86,20 +94,21 @@ class StrategyConfig(abc.ABC):
         """The per-replica step the loop runs (model_parallel may pipeline it over micro-batches)."""
         return trainer.train_step
 
-    def prepare_devices(self) -> None:
+    def prepare_devices(self) -> None:  # noqa: B027 (optional: most strategies need no set-up)
         """Device set-up that must happen before the TF runtime starts (logical CPUs...)."""
 
     @abc.abstractmethod
-    def create(self, cluster: ClusterConfig) -> "tf.distribute.Strategy":
+    def create(self, cluster: ClusterConfig) -> tf.distribute.Strategy:
         """Builds the strategy; TF_CONFIG is already in the environment."""
 
-    def create_coordinator(self, strategy: "tf.distribute.Strategy") -> Any:
+    def create_coordinator(self, strategy: tf.distribute.Strategy) -> Any:
         """A ClusterCoordinator for strategies whose chief schedules work; else None."""
         return None
 
 
 def _available_gpus() -> list:
     import tensorflow as tf
+
     return tf.config.list_physical_devices("GPU")
 
 
@@ -114,6 +123,7 @@ class OneDevice(StrategyConfig):
 
     def create(self, cluster):
         import tensorflow as tf
+
         device = self.device or ("/gpu:0" if _available_gpus() else "/cpu:0")
         return tf.distribute.OneDeviceStrategy(device)
 
@@ -132,13 +142,16 @@ class Mirrored(StrategyConfig):
 
     def prepare_devices(self):
         import tensorflow as tf
+
         if self.devices is None and not _available_gpus():
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * self.num_logical_cpus)
+                cpu, [tf.config.LogicalDeviceConfiguration()] * self.num_logical_cpus
+            )
 
     def create(self, cluster):
         import tensorflow as tf
+
         devices = self.devices
         if devices is None:
             gpus = tf.config.list_logical_devices("GPU")
@@ -155,7 +168,9 @@ class MultiWorkerMirrored(StrategyConfig):
 
     def __init__(self, communication: str = "auto", collective_timeout_s: float | None = None):
         if communication.lower() not in ("auto", "ring", "nccl"):
-            raise ConfigError(f"multi_worker_mirrored.communication must be auto, ring or nccl, got {communication!r}.")
+            raise ConfigError(
+                f"multi_worker_mirrored.communication must be auto, ring or nccl, got {communication!r}."
+            )
         self.communication = communication.lower()
         self.collective_timeout_s = collective_timeout_s
 
@@ -183,14 +198,21 @@ class MultiWorkerMirrored(StrategyConfig):
 
     def create(self, cluster):
         import tensorflow as tf
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=self.communication_options())
 
-    def communication_options(self) -> "tf.distribute.experimental.CommunicationOptions":
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=self.communication_options()
+        )
+
+    def communication_options(self) -> tf.distribute.experimental.CommunicationOptions:
         """The all-reduce implementation and timeout, from multi_worker_mirrored.* in gin."""
         import tensorflow as tf
-        implementation = getattr(tf.distribute.experimental.CommunicationImplementation, self.communication.upper())
+
+        implementation = getattr(
+            tf.distribute.experimental.CommunicationImplementation, self.communication.upper()
+        )
         return tf.distribute.experimental.CommunicationOptions(
-            implementation=implementation, timeout_seconds=self.collective_timeout_s)
+            implementation=implementation, timeout_seconds=self.collective_timeout_s
+        )
 
 
 @gin.configurable("parameter_server")
@@ -212,11 +234,23 @@ class ParameterServer(StrategyConfig):
         """
         # No variable_partitioner: Keras 3 cannot differentiate the ShardedVariables it makes
         # (see DESIGN.md); large tables shard themselves instead (tfdist_trainer.layers).
-        if isinstance(steps_per_loop, bool) or not isinstance(steps_per_loop, int) or steps_per_loop < 1:
-            raise ConfigError(f"parameter_server.steps_per_loop must be an integer >= 1, got {steps_per_loop!r}.")
-        if isinstance(stall_timeout_s, bool) or not isinstance(stall_timeout_s, (int, float)) or stall_timeout_s < 0:
-            raise ConfigError(f"parameter_server.stall_timeout_s must be a number of seconds >= 0 (0: no watchdog), "
-                             f"got {stall_timeout_s!r}.")
+        if (
+            isinstance(steps_per_loop, bool)
+            or not isinstance(steps_per_loop, int)
+            or steps_per_loop < 1
+        ):
+            raise ConfigError(
+                f"parameter_server.steps_per_loop must be an integer >= 1, got {steps_per_loop!r}."
+            )
+        if (
+            isinstance(stall_timeout_s, bool)
+            or not isinstance(stall_timeout_s, (int, float))
+            or stall_timeout_s < 0
+        ):
+            raise ConfigError(
+                f"parameter_server.stall_timeout_s must be a number of seconds >= 0 (0: no watchdog), "
+                f"got {stall_timeout_s!r}."
+            )
         self.default_steps_per_loop = steps_per_loop
         self.stall_timeout_s = float(stall_timeout_s)
 
@@ -227,9 +261,13 @@ class ParameterServer(StrategyConfig):
                 "(--num_ps with tfdist-launch, --ps_hosts, or a 'ps' list in TF_CONFIG)."
             )
         if not cluster.num_tasks(WORKER):
-            raise ClusterConfigError("parameter_server needs at least one worker task; add worker tasks.")
+            raise ClusterConfigError(
+                "parameter_server needs at least one worker task; add worker tasks."
+            )
         if not cluster.num_tasks(CHIEF):
-            raise ClusterConfigError("parameter_server needs a chief task to coordinate; add a chief to the cluster.")
+            raise ClusterConfigError(
+                "parameter_server needs a chief task to coordinate; add a chief to the cluster."
+            )
 
     def action(self, cluster):
         if cluster.task_type in (PS, WORKER):
@@ -256,11 +294,13 @@ class ParameterServer(StrategyConfig):
 
     def create(self, cluster):
         import tensorflow as tf
+
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         return tf.distribute.experimental.ParameterServerStrategy(resolver)
 
     def create_coordinator(self, strategy):
         import tensorflow as tf
+
         return tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 
@@ -307,22 +347,41 @@ class ModelParallel(StrategyConfig):
     """
 
     name = "model_parallel"
-    supports_jit_compile = False  # XLA compiles for one device; the plan spreads a step over several
+    supports_jit_compile = (
+        False  # XLA compiles for one device; the plan spreads a step over several
+    )
 
-    def __init__(self, plan: Any = "auto", num_devices: int = 2, num_micro_batches: int = 1,
-                 data_parallel: str | None = None, gpu_memory_growth: bool = False,
-                 placement_file: str | None = "placement.json", arithmetic_optimization: bool = False):
+    def __init__(
+        self,
+        plan: Any = "auto",
+        num_devices: int = 2,
+        num_micro_batches: int = 1,
+        data_parallel: str | None = None,
+        gpu_memory_growth: bool = False,
+        placement_file: str | None = "placement.json",
+        arithmetic_optimization: bool = False,
+    ):
         from tfdist_trainer import placement as placement_lib
 
         if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-            raise ConfigError(f"model_parallel.num_devices must be an integer >= 1, got {num_devices!r}.")
-        if isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1:
-            raise ConfigError(f"model_parallel.num_micro_batches must be an integer >= 1, got {num_micro_batches!r}.")
+            raise ConfigError(
+                f"model_parallel.num_devices must be an integer >= 1, got {num_devices!r}."
+            )
+        if (
+            isinstance(num_micro_batches, bool)
+            or not isinstance(num_micro_batches, int)
+            or num_micro_batches < 1
+        ):
+            raise ConfigError(
+                f"model_parallel.num_micro_batches must be an integer >= 1, got {num_micro_batches!r}."
+            )
         if data_parallel in (None, "none", "None"):
             data_parallel = None
         elif data_parallel != "multi_worker_mirrored":
-            raise ConfigError(f"model_parallel.data_parallel must be None or 'multi_worker_mirrored', "
-                             f"got {data_parallel!r}.")
+            raise ConfigError(
+                f"model_parallel.data_parallel must be None or 'multi_worker_mirrored', "
+                f"got {data_parallel!r}."
+            )
         self.plan = placement_lib.parse_plan(plan, num_devices=num_devices)
         self.num_devices = num_devices
         self.num_micro_batches = num_micro_batches
@@ -332,7 +391,9 @@ class ModelParallel(StrategyConfig):
         self.arithmetic_optimization = bool(arithmetic_optimization)
         # Synchronous data parallelism over workers comes from multi_worker_mirrored (its gin knobs apply).
         self._workers = MultiWorkerMirrored() if data_parallel else None
-        self.holds_port_while_waiting = bool(self._workers and self._workers.holds_port_while_waiting)
+        self.holds_port_while_waiting = bool(
+            self._workers and self._workers.holds_port_while_waiting
+        )
         self._devices: list[str] | None = None
         self._host_device: str | None = None
         self._is_chief = True
@@ -349,7 +410,11 @@ class ModelParallel(StrategyConfig):
         return self._workers.peers(cluster) if self._workers else []
 
     def launch_layout(self, *, num_workers, num_ps):
-        return self._workers.launch_layout(num_workers=num_workers, num_ps=num_ps) if self._workers else {CHIEF: 1}
+        return (
+            self._workers.launch_layout(num_workers=num_workers, num_ps=num_ps)
+            if self._workers
+            else {CHIEF: 1}
+        )
 
     def restart_group(self, failed_role, roles):
         return self._workers.restart_group(failed_role, roles) if self._workers else [failed_role]
@@ -357,6 +422,7 @@ class ModelParallel(StrategyConfig):
     # -- devices and strategy ------------------------------------------------------------
     def prepare_devices(self):
         import tensorflow as tf
+
         if not self.arithmetic_optimization:
             tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
         gpus = _available_gpus()
@@ -365,50 +431,66 @@ class ModelParallel(StrategyConfig):
                 for gpu in gpus:
                     tf.config.experimental.set_memory_growth(gpu, True)
             if len(gpus) < self.num_devices:
-                raise ConfigError(f"model_parallel.num_devices={self.num_devices} but only {len(gpus)} GPU(s) are "
-                                 f"visible; lower num_devices or make more GPUs visible.")
+                raise ConfigError(
+                    f"model_parallel.num_devices={self.num_devices} but only {len(gpus)} GPU(s) are "
+                    f"visible; lower num_devices or make more GPUs visible."
+                )
             return
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * self.num_devices)
+            cpu, [tf.config.LogicalDeviceConfiguration()] * self.num_devices
+        )
 
     def create(self, cluster):
         import tensorflow as tf
+
         kind = "GPU" if _available_gpus() else "CPU"
         self._is_chief = cluster.is_chief
         if self._workers:
             strategy = self._create_multi_worker(kind)
             base = tf.DeviceSpec.from_string(strategy.extended.worker_devices[0])
-            self._devices = [base.replace(device_type=kind, device_index=i).to_string()
-                             for i in range(self.num_devices)]
+            self._devices = [
+                base.replace(device_type=kind, device_index=i).to_string()
+                for i in range(self.num_devices)
+            ]
             self._host_device = base.replace(device_type="CPU", device_index=0).to_string()
         else:
             strategy = tf.distribute.get_strategy()
             local = tf.config.list_logical_devices(kind)
             if len(local) < self.num_devices:
-                raise ConfigError(f"model_parallel.num_devices={self.num_devices} but this process has only "
-                                 f"{len(local)} {kind} device(s); lower num_devices.")
-            self._devices = [d.name for d in local[:self.num_devices]]
+                raise ConfigError(
+                    f"model_parallel.num_devices={self.num_devices} but this process has only "
+                    f"{len(local)} {kind} device(s); lower num_devices."
+                )
+            self._devices = [d.name for d in local[: self.num_devices]]
             self._host_device = tf.config.list_logical_devices("CPU")[0].name
         return strategy
 
-    def _create_multi_worker(self, kind: str) -> "tf.distribute.Strategy":
+    def _create_multi_worker(self, kind: str) -> tf.distribute.Strategy:
         """MultiWorkerMirroredStrategy with one replica per worker (its first GPU, or its CPU:0).
 
         A TFConfigClusterResolver makes one replica per local GPU; a SimpleClusterResolver
         built from it says how many accelerators a worker's replica has.
         """
         import tensorflow as tf
+
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         one_replica = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            resolver.cluster_spec(), task_type=resolver.task_type, task_id=resolver.task_id,
-            rpc_layer=resolver.rpc_layer or "grpc", num_accelerators={"GPU": 1} if kind == "GPU" else {})
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=one_replica,
-                                                         communication_options=self._workers.communication_options())
+            resolver.cluster_spec(),
+            task_type=resolver.task_type,
+            task_id=resolver.task_id,
+            rpc_layer=resolver.rpc_layer or "grpc",
+            num_accelerators={"GPU": 1} if kind == "GPU" else {},
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=one_replica,
+            communication_options=self._workers.communication_options(),
+        )
 
     # -- the model and the step ------------------------------------------------------------
     def _log(self, line: str) -> None:
         from absl import logging
+
         if self._is_chief:
             logging.info("%s", line)
         else:
@@ -416,39 +498,72 @@ class ModelParallel(StrategyConfig):
 
     def prepare_model(self, model):
         from tfdist_trainer import placement as placement_lib
+
         if self._devices is None:
-            raise ConfigError("model_parallel.prepare_model ran before create(); the runner must create the "
-                             "strategy first.")
-        self._placement = placement_lib.Placement(model, self.plan, self._devices, host_device=self._host_device,
-                                                  log=self._log)
+            raise ConfigError(
+                "model_parallel.prepare_model ran before create(); the runner must create the "
+                "strategy first."
+            )
+        self._placement = placement_lib.Placement(
+            model, self.plan, self._devices, host_device=self._host_device, log=self._log
+        )
         return self._placement.apply()
 
     def train_step_fn(self, trainer):
         from absl import logging
-        from tfdist_trainer import placement as placement_lib, variables
+
+        from tfdist_trainer import placement as placement_lib
+        from tfdist_trainer import variables
+
         placement = self._placement
         if placement is None or placement.model is not trainer.model:
-            raise ConfigError("model_parallel.train_step_fn needs the model prepared by model_parallel.prepare_model.")
-        if not placement.finalized:  # the model was never called eagerly: place it now (before any step)
+            raise ConfigError(
+                "model_parallel.train_step_fn needs the model prepared by model_parallel.prepare_model."
+            )
+        if (
+            not placement.finalized
+        ):  # the model was never called eagerly: place it now (before any step)
             placement.finalize()
         for path, actual, wanted in placement.misplaced():
-            logging.warning("model_parallel: variable %s is on %s, not on its planned device %s", path, actual, wanted)
+            logging.warning(
+                "model_parallel: variable %s is on %s, not on its planned device %s",
+                path,
+                actual,
+                wanted,
+            )
         path = self._placement_path()
         if path and self._is_chief:
-            variables.write_report(path, placement.report(optimizer=trainer.optimizer, extra={
-                "num_micro_batches": self.num_micro_batches, "data_parallel": self.data_parallel}))
+            variables.write_report(
+                path,
+                placement.report(
+                    optimizer=trainer.optimizer,
+                    extra={
+                        "num_micro_batches": self.num_micro_batches,
+                        "data_parallel": self.data_parallel,
+                    },
+                ),
+            )
             self._log(f"model_parallel placement written to {path}")
         last = placement.units[-1] if placement.units else None
-        loss_device = self._devices[last.index] if last is not None and last.index is not None else None
+        loss_device = (
+            self._devices[last.index] if last is not None and last.index is not None else None
+        )
         if self.num_micro_batches > 1:
-            self._log(f"model_parallel pipelines each replica batch over {self.num_micro_batches} micro-batches")
-        return placement_lib.make_train_step(trainer, num_micro_batches=self.num_micro_batches,
-                                             loss_device=loss_device, log=self._log)
+            self._log(
+                f"model_parallel pipelines each replica batch over {self.num_micro_batches} micro-batches"
+            )
+        return placement_lib.make_train_step(
+            trainer,
+            num_micro_batches=self.num_micro_batches,
+            loss_device=loss_device,
+            log=self._log,
+        )
 
     def _placement_path(self) -> str | None:
         import os
 
         from tfdist_trainer import storage
+
         if not self.placement_file:
             return None
         if os.path.isabs(self.placement_file) or "://" in self.placement_file:
@@ -456,6 +571,7 @@ class ModelParallel(StrategyConfig):
         model_dir = None
         try:
             from absl import flags
+
             if flags.FLAGS.is_parsed() and "model_dir" in flags.FLAGS:
                 model_dir = flags.FLAGS.model_dir
         except Exception:  # noqa: BLE001 - no absl flags in this process (a library user): no file

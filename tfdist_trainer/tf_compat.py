@@ -25,6 +25,7 @@ COORDINATOR_BUSY_FRAME = "_process_closure"
 
 # -- checkpoints ------------------------------------------------------------------
 
+
 def trackable_base() -> type:
     """`tf.__internal__.tracking.Trackable`: the base of every object a `tf.train.Checkpoint` can hold.
 
@@ -35,6 +36,7 @@ def trackable_base() -> type:
     tracking that would save the shards a second time).
     """
     import tensorflow as tf
+
     return tf.__internal__.tracking.Trackable
 
 
@@ -48,10 +50,12 @@ def saveable_classes() -> tuple[type, type]:
     variables (`tf.train.experimental.PythonState` saves one string).
     """
     from tensorflow.python.training.saving import saveable_object
+
     return saveable_object.SaveableObject, saveable_object.SaveSpec
 
 
 # -- Keras variables --------------------------------------------------------------
+
 
 def variable_storage(variable: Any) -> Any:
     """The TF variable that stores a Keras variable (`KerasVariable._value`); None before it is created.
@@ -64,6 +68,7 @@ def variable_storage(variable: Any) -> Any:
     itself; Keras 3 has no public accessor for it.
     """
     import keras
+
     if isinstance(variable, keras.Variable):
         return variable._value  # noqa: SLF001
     return variable
@@ -99,6 +104,7 @@ def wrap_deferred_initializer(variable: Any, scope: Callable[[], AbstractContext
     def initialize():
         with scope():
             original()
+
     variable._deferred_initialize = initialize  # noqa: SLF001
     return True
 
@@ -122,6 +128,7 @@ def in_stateless_scope() -> bool:
     (`keras.src.backend.common.stateless_scope.in_stateless_scope`).
     """
     from keras.src.backend.common.stateless_scope import in_stateless_scope as active
+
     return bool(active())
 
 
@@ -132,6 +139,7 @@ def in_symbolic_scope() -> bool:
     (`keras.src.backend.common.symbolic_scope.in_symbolic_scope`).
     """
     from keras.src.backend.common.symbolic_scope import in_symbolic_scope as active
+
     return bool(active())
 
 
@@ -146,14 +154,16 @@ def make_metric_updates_atomic(metrics: Sequence[Any]) -> None:
     replaced on the instance (read by `Mean`, `Sum`, accuracy metrics, ...).
     """
     import tensorflow as tf
+
     for metric in metrics:
         for variable in metric.variables:
             backing = variable_storage(variable)
             if isinstance(backing, tf.Variable) and backing is not variable:
-                variable.assign_add = (lambda value, b=backing: b.assign_add(tf.cast(value, b.dtype)))
+                variable.assign_add = lambda value, b=backing: b.assign_add(tf.cast(value, b.dtype))
 
 
 # -- ClusterCoordinator -------------------------------------------------------------
+
 
 def remote_value_finished(remote_value: Any) -> bool:
     """Whether a ClusterCoordinator RemoteValue holds its result or error, without blocking.
@@ -182,7 +192,7 @@ def busy_worker_indices() -> list[int]:
         frame = frames.get(thread.ident)
         while frame is not None:
             if frame.f_code.co_name == COORDINATOR_BUSY_FRAME:
-                busy.append(int(thread.name[len(COORDINATOR_WORKER_THREAD_PREFIX):]))
+                busy.append(int(thread.name[len(COORDINATOR_WORKER_THREAD_PREFIX) :]))
                 break
             frame = frame.f_back
     return sorted(busy)

@@ -15,6 +15,7 @@ from typing import Any
 import gin
 import keras
 import tensorflow as tf
+
 from tfdist_trainer.errors import ConfigError
 
 
@@ -66,7 +67,9 @@ class Trainer:
         """
         raise NotImplementedError(f"{type(self).__name__} must override build_train_dataset().")
 
-    def build_eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset | None:
+    def build_eval_dataset(
+        self, input_context: tf.distribute.InputContext
+    ) -> tf.data.Dataset | None:
         """Returns finite evaluation data batched by `self.eval_batch_size`, or None for no evaluation."""
         return None
 
@@ -128,5 +131,7 @@ class Trainer:
             )
         loss = tf.nn.compute_average_loss(tf.cast(per_example_loss, tf.float32))
         if self.model is not None and self.model.losses:
-            loss += tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses]))
+            loss += tf.nn.scale_regularization_loss(
+                tf.add_n([tf.cast(reg, tf.float32) for reg in self.model.losses])
+            )
         return loss

@@ -22,6 +22,7 @@ def stored_bytes(variable: Any) -> int:
     """Bytes of the variable's storage: elements times the size of the dtype it is stored in."""
     import numpy as np
     import tensorflow as tf
+
     shape = [int(d) if d is not None else 0 for d in variable.shape]
     stored = tf_compat.variable_storage(variable)
     dtype = getattr(stored, "dtype", None) or getattr(variable, "_dtype", None) or variable.dtype
@@ -31,6 +32,7 @@ def stored_bytes(variable: Any) -> int:
 def device_of(variable: Any) -> str:
     """The device of the variable's storage ("" before it exists); "mirrored:<d1>,<d2>" for copies on several."""
     import tensorflow as tf
+
     value = tf_compat.variable_storage(variable)
     if value is None:
         return ""

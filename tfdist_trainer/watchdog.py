@@ -24,8 +24,14 @@ from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ClusterStalledError
 
 
-def wait_for_closures(coordinator: Any, remote_values: Sequence[Any], *, timeout_s: float,
-                      worker_addresses: Sequence[str] = (), poll_s: float = 1.0) -> None:
+def wait_for_closures(
+    coordinator: Any,
+    remote_values: Sequence[Any],
+    *,
+    timeout_s: float,
+    worker_addresses: Sequence[str] = (),
+    poll_s: float = 1.0,
+) -> None:
     """Like `coordinator.join()`, but raises ClusterStalledError after `timeout_s` without progress.
 
     `join()` runs in a helper thread, so the caller wakes the moment the last
@@ -61,9 +67,16 @@ def wait_for_closures(coordinator: Any, remote_values: Sequence[Any], *, timeout
         elif time.monotonic() - last_progress >= timeout_s:
             silent = tf_compat.busy_worker_indices()
             names = ", ".join(
-                f"worker:{i}" + (f" ({worker_addresses[i]})" if i < len(worker_addresses) else "") for i in silent)
+                f"worker:{i}" + (f" ({worker_addresses[i]})" if i < len(worker_addresses) else "")
+                for i in silent
+            )
             raise ClusterStalledError(
                 f"no scheduled step loop finished for {timeout_s:g}s; "
-                + (f"silent: {names}" if silent else "no worker holds a closure (the coordinator is stuck)")
+                + (
+                    f"silent: {names}"
+                    if silent
+                    else "no worker holds a closure (the coordinator is stuck)"
+                )
                 + f" ({len(remote_values) - finished} of {len(remote_values)} closures of this round unfinished)",
-                silent)
+                silent,
+            )

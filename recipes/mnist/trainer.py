@@ -23,10 +23,18 @@ class MnistTrainer(Trainer):
       shuffle_buffer: examples held for shuffling the training data.
     """
 
-    def __init__(self, *, data_source: str = "auto", tfds_data_dir: str | None = None,
-                 idx_dir: str | None = None, learning_rate: float = 1e-3,
-                 filters: tuple[int, int] = (32, 64), dense_units: int = 128,
-                 shuffle_buffer: int = 10_000, **kwargs):
+    def __init__(
+        self,
+        *,
+        data_source: str = "auto",
+        tfds_data_dir: str | None = None,
+        idx_dir: str | None = None,
+        learning_rate: float = 1e-3,
+        filters: tuple[int, int] = (32, 64),
+        dense_units: int = 128,
+        shuffle_buffer: int = 10_000,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.data_source = data_source
         self.tfds_data_dir = tfds_data_dir
@@ -42,7 +50,11 @@ class MnistTrainer(Trainer):
         """Finds the data once per split; every pipeline built afterwards reuses it."""
         if split not in self._loaded:
             self._loaded[split], self._source_label = mnist_data.load_mnist(
-                split, source=self.data_source, tfds_data_dir=self.tfds_data_dir, idx_dir=self.idx_dir)
+                split,
+                source=self.data_source,
+                tfds_data_dir=self.tfds_data_dir,
+                idx_dir=self.idx_dir,
+            )
         return self._loaded[split]
 
     def record_tags(self) -> dict[str, str]:
@@ -52,31 +64,39 @@ class MnistTrainer(Trainer):
         return {"data": self._source_label}
 
     def build_model(self) -> keras.Model:
-        return keras.Sequential([
-            keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(self.filters[0], 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(self.filters[1], 3, activation="relu"),
-            keras.layers.MaxPooling2D(),
-            keras.layers.Flatten(),
-            keras.layers.Dense(self.dense_units, activation="relu"),
-            keras.layers.Dense(10),
-        ])
+        return keras.Sequential(
+            [
+                keras.Input((28, 28, 1)),
+                keras.layers.Conv2D(self.filters[0], 3, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Conv2D(self.filters[1], 3, activation="relu"),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(),
+                keras.layers.Dense(self.dense_units, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
         return keras.optimizers.Adam(self.learning_rate)
 
     def build_train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         dataset = shard(self._load("train"), input_context)
-        return (dataset.map(mnist_data.normalize, num_parallel_calls=tf.data.AUTOTUNE)
-                .cache()
-                .shuffle(self.shuffle_buffer)
-                .repeat()
-                .batch(self.per_replica_batch_size(input_context), drop_remainder=True))
+        return (
+            dataset.map(mnist_data.normalize, num_parallel_calls=tf.data.AUTOTUNE)
+            .cache()
+            .shuffle(self.shuffle_buffer)
+            .repeat()
+            .batch(self.per_replica_batch_size(input_context), drop_remainder=True)
+        )
 
     def build_eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        return (self._load("test").map(mnist_data.normalize, num_parallel_calls=tf.data.AUTOTUNE)
-                .batch(self.eval_batch_size).cache())
+        return (
+            self._load("test")
+            .map(mnist_data.normalize, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(self.eval_batch_size)
+            .cache()
+        )
 
     def compute_loss(self, labels: tf.Tensor, predictions: tf.Tensor) -> tf.Tensor:
         return keras.losses.sparse_categorical_crossentropy(labels, predictions, from_logits=True)

@@ -48,10 +48,13 @@ class TransformerBlock(keras.layers.Layer):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, **kwargs):
         super().__init__(**kwargs)
         if d_model % num_heads:
-            raise ValueError(f"TransformerLMTrainer.d_model={d_model} is not divisible by num_heads={num_heads}.")
+            raise ValueError(
+                f"TransformerLMTrainer.d_model={d_model} is not divisible by num_heads={num_heads}."
+            )
         self.ln_attn = keras.layers.LayerNormalization(epsilon=1e-5, name="ln_attn")
-        self.attn = keras.layers.MultiHeadAttention(num_heads, key_dim=d_model // num_heads, dropout=dropout,
-                                                    name="attn")
+        self.attn = keras.layers.MultiHeadAttention(
+            num_heads, key_dim=d_model // num_heads, dropout=dropout, name="attn"
+        )
         self.ln_mlp = keras.layers.LayerNormalization(epsilon=1e-5, name="ln_mlp")
         self.mlp_in = keras.layers.Dense(d_ff, activation="gelu", name="mlp_in")
         self.mlp_out = keras.layers.Dense(d_model, name="mlp_out")
@@ -67,7 +70,9 @@ class TransformerBlock(keras.layers.Layer):
 
     def call(self, x, training=False):
         h = self.ln_attn(x)
-        x = x + self.dropout(self.attn(h, h, use_causal_mask=True, training=training), training=training)
+        x = x + self.dropout(
+            self.attn(h, h, use_causal_mask=True, training=training), training=training
+        )
         h = self.ln_mlp(x)
         return x + self.dropout(self.mlp_out(self.mlp_in(h)), training=training)
 
@@ -91,13 +96,25 @@ class LMHead(keras.layers.Layer):
 class TransformerLM(keras.Model):
     """embed -> block_0 ... block_{L-1} -> head; every piece a named layer a plan can place."""
 
-    def __init__(self, *, seq_len: int, num_layers: int, d_model: int, num_heads: int, d_ff: int,
-                 dropout: float = 0.0, vocab_size: int = VOCAB_SIZE, **kwargs):
+    def __init__(
+        self,
+        *,
+        seq_len: int,
+        num_layers: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        vocab_size: int = VOCAB_SIZE,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.embed = TokenAndPositionEmbedding(vocab_size, seq_len, d_model, name="embed")
-        self.blocks = [TransformerBlock(d_model, num_heads, d_ff, dropout, name=f"block_{i}")
-                       for i in range(num_layers)]
+        self.blocks = [
+            TransformerBlock(d_model, num_heads, d_ff, dropout, name=f"block_{i}")
+            for i in range(num_layers)
+        ]
         self.head = LMHead(vocab_size, name="head")
 
     def build(self, input_shape):
@@ -117,11 +134,19 @@ class TransformerLM(keras.Model):
 def find_files(patterns: str | Sequence[str]) -> list[str]:
     """Files matching the glob(s) (``**`` recurses), sorted; a glob matching nothing is a ValueError."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-    files = sorted({f for p in patterns for f in glob.glob(os.path.expanduser(p), recursive=True)
-                    if os.path.isfile(f)})
+    files = sorted(
+        {
+            f
+            for p in patterns
+            for f in glob.glob(os.path.expanduser(p), recursive=True)
+            if os.path.isfile(f)
+        }
+    )
     if not files:
-        raise ValueError(f"TransformerLMTrainer.data_glob={patterns!r} matches no file (working directory "
-                         f"{os.getcwd()}); point it at local text files.")
+        raise ValueError(
+            f"TransformerLMTrainer.data_glob={patterns!r} matches no file (working directory "
+            f"{os.getcwd()}); point it at local text files."
+        )
     return files
 
 
@@ -150,16 +175,33 @@ class TransformerLMTrainer(Trainer):
       max_eval_batches: evaluation reads at most this many batches.
     """
 
-    def __init__(self, *, data_glob: str | Sequence[str] = ("*.md", "tfdist_trainer/*.py"),
-                 eval_fraction: float = 0.05, seq_len: int = 128, num_layers: int = 4, d_model: int = 128,
-                 num_heads: int = 4, d_ff: int = 512, dropout: float = 0.0, optimizer: str = "adam",
-                 learning_rate: float = 1e-3,
-                 shuffle_buffer: int = 10_000, data_seed: int = 1234, max_eval_batches: int = 20, **kwargs):
+    def __init__(
+        self,
+        *,
+        data_glob: str | Sequence[str] = ("*.md", "tfdist_trainer/*.py"),
+        eval_fraction: float = 0.05,
+        seq_len: int = 128,
+        num_layers: int = 4,
+        d_model: int = 128,
+        num_heads: int = 4,
+        d_ff: int = 512,
+        dropout: float = 0.0,
+        optimizer: str = "adam",
+        learning_rate: float = 1e-3,
+        shuffle_buffer: int = 10_000,
+        data_seed: int = 1234,
+        max_eval_batches: int = 20,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if not 0.0 < eval_fraction < 1.0:
-            raise ValueError(f"TransformerLMTrainer.eval_fraction must be in (0, 1), got {eval_fraction}.")
+            raise ValueError(
+                f"TransformerLMTrainer.eval_fraction must be in (0, 1), got {eval_fraction}."
+            )
         if optimizer not in ("adam", "sgd"):
-            raise ValueError(f"TransformerLMTrainer.optimizer must be 'adam' or 'sgd', got {optimizer!r}.")
+            raise ValueError(
+                f"TransformerLMTrainer.optimizer must be 'adam' or 'sgd', got {optimizer!r}."
+            )
         self.data_glob = data_glob
         self.optimizer_name = optimizer
         self.eval_fraction = eval_fraction
@@ -183,11 +225,13 @@ class TransformerLMTrainer(Trainer):
             width = self.seq_len + 1
             for name, part in (("train", data[:cut]), ("eval", data[cut:])):
                 n = len(part) // width
-                self._windows[name] = part[:n * width].reshape(n, width).astype(np.int32)
+                self._windows[name] = part[: n * width].reshape(n, width).astype(np.int32)
             if len(self._windows["train"]) < self.global_batch_size:
-                raise ValueError(f"TransformerLMTrainer.data_glob={self.data_glob!r} gives only "
-                                 f"{len(self._windows['train'])} training windows of {width} bytes, fewer than "
-                                 f"Trainer.global_batch_size={self.global_batch_size}; add text or shrink seq_len.")
+                raise ValueError(
+                    f"TransformerLMTrainer.data_glob={self.data_glob!r} gives only "
+                    f"{len(self._windows['train'])} training windows of {width} bytes, fewer than "
+                    f"Trainer.global_batch_size={self.global_batch_size}; add text or shrink seq_len."
+                )
         return self._windows[split]
 
     @staticmethod
@@ -198,8 +242,15 @@ class TransformerLMTrainer(Trainer):
         return {"data": f"{len(find_files(self.data_glob))} file(s) by {self.data_glob!r}"}
 
     def build_model(self) -> keras.Model:
-        return TransformerLM(seq_len=self.seq_len, num_layers=self.num_layers, d_model=self.d_model,
-                             num_heads=self.num_heads, d_ff=self.d_ff, dropout=self.dropout, name="transformer_lm")
+        return TransformerLM(
+            seq_len=self.seq_len,
+            num_layers=self.num_layers,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            name="transformer_lm",
+        )
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
         if self.optimizer_name == "sgd":
@@ -208,21 +259,31 @@ class TransformerLMTrainer(Trainer):
 
     def build_train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         dataset = shard(tf.data.Dataset.from_tensor_slices(self._split("train")), input_context)
-        return (dataset.shuffle(self.shuffle_buffer, seed=self.data_seed)
-                .repeat()
-                .batch(self.per_replica_batch_size(input_context), drop_remainder=True)
-                .map(self._inputs_and_targets))
+        return (
+            dataset.shuffle(self.shuffle_buffer, seed=self.data_seed)
+            .repeat()
+            .batch(self.per_replica_batch_size(input_context), drop_remainder=True)
+            .map(self._inputs_and_targets)
+        )
 
-    def build_eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset | None:
+    def build_eval_dataset(
+        self, input_context: tf.distribute.InputContext
+    ) -> tf.data.Dataset | None:
         windows = self._split("eval")
         if not len(windows):
             return None
-        return (tf.data.Dataset.from_tensor_slices(windows).batch(self.eval_batch_size)
-                .take(self.max_eval_batches).map(self._inputs_and_targets).cache())
+        return (
+            tf.data.Dataset.from_tensor_slices(windows)
+            .batch(self.eval_batch_size)
+            .take(self.max_eval_batches)
+            .map(self._inputs_and_targets)
+            .cache()
+        )
 
     def compute_loss(self, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-        per_token = keras.losses.sparse_categorical_crossentropy(labels, keras.ops.cast(logits, "float32"),
-                                                                 from_logits=True)
+        per_token = keras.losses.sparse_categorical_crossentropy(
+            labels, keras.ops.cast(logits, "float32"), from_logits=True
+        )
         return keras.ops.mean(per_token, axis=-1)  # one loss per example (sequence)
 
     def build_metrics(self) -> list[keras.metrics.Metric]:

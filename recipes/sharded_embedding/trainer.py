@@ -34,8 +34,10 @@ from tfdist_trainer import Trainer, layers, storage, variables
 def _per_feature(name: str, value: Any, count: int) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != count:
-            raise ValueError(f"ClickTrainer.{name} has {len(value)} entries but there are {count} features "
-                             f"(ClickTrainer.vocab_sizes); give one per feature or a single value.")
+            raise ValueError(
+                f"ClickTrainer.{name} has {len(value)} entries but there are {count} features "
+                f"(ClickTrainer.vocab_sizes); give one per feature or a single value."
+            )
         return list(value)
     return [value] * count
 
@@ -51,7 +53,11 @@ def _is_chief() -> bool:
         return True
     if task["type"] == "chief":
         return True
-    return task["type"] == "worker" and int(task.get("index", 0)) == 0 and "chief" not in config.get("cluster", {})
+    return (
+        task["type"] == "worker"
+        and int(task.get("index", 0)) == 0
+        and "chief" not in config.get("cluster", {})
+    )
 
 
 @gin.configurable
@@ -76,25 +82,46 @@ class ClickTrainer(Trainer):
       step_report: also write step_graph.json when the training step is traced.
     """
 
-    def __init__(self, *, vocab_sizes: Sequence[int] = (1000, 1000), embedding_dim: int | Sequence[int] = 8,
-                 num_shards: int | None | Sequence[int | None] = None, partition_strategy: str = "div",
-                 hidden_units: Sequence[int] = (64, 32), optimizer: str = "adagrad", learning_rate: float = 0.05,
-                 num_dense: int = click_data.CRITEO_NUM_DENSE, data_source: str = "synthetic",
-                 criteo_train_files: str | None = None, criteo_eval_files: str | None = None,
-                 synthetic_seed: int = 0, eval_batches: int = 20, report_dir: str | None = None,
-                 step_report: bool = False, **kwargs):
+    def __init__(
+        self,
+        *,
+        vocab_sizes: Sequence[int] = (1000, 1000),
+        embedding_dim: int | Sequence[int] = 8,
+        num_shards: int | None | Sequence[int | None] = None,
+        partition_strategy: str = "div",
+        hidden_units: Sequence[int] = (64, 32),
+        optimizer: str = "adagrad",
+        learning_rate: float = 0.05,
+        num_dense: int = click_data.CRITEO_NUM_DENSE,
+        data_source: str = "synthetic",
+        criteo_train_files: str | None = None,
+        criteo_eval_files: str | None = None,
+        synthetic_seed: int = 0,
+        eval_batches: int = 20,
+        report_dir: str | None = None,
+        step_report: bool = False,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if data_source not in ("synthetic", "criteo"):
-            raise ValueError(f"ClickTrainer.data_source must be 'synthetic' or 'criteo', got {data_source!r}.")
+            raise ValueError(
+                f"ClickTrainer.data_source must be 'synthetic' or 'criteo', got {data_source!r}."
+            )
         if optimizer not in ("adagrad", "sgd"):
-            raise ValueError(f"ClickTrainer.optimizer must be 'adagrad' or 'sgd', got {optimizer!r}.")
+            raise ValueError(
+                f"ClickTrainer.optimizer must be 'adagrad' or 'sgd', got {optimizer!r}."
+            )
         self.vocab_sizes = [int(v) for v in vocab_sizes]
         count = len(self.vocab_sizes)
         self.embedding_dims = [int(d) for d in _per_feature("embedding_dim", embedding_dim, count)]
-        if isinstance(num_shards, (list, tuple)):  # exact per table (too many for a table is an error)
+        if isinstance(
+            num_shards, (list, tuple)
+        ):  # exact per table (too many for a table is an error)
             self.num_shards = _per_feature("num_shards", num_shards, count)
         else:  # one count for all: small tables get at most one shard per row
-            self.num_shards = [None if num_shards is None else min(int(num_shards), v) for v in self.vocab_sizes]
+            self.num_shards = [
+                None if num_shards is None else min(int(num_shards), v) for v in self.vocab_sizes
+            ]
         self.partition_strategy = partition_strategy
         self.hidden_units = tuple(hidden_units)
         self.optimizer_name = optimizer
@@ -106,7 +133,9 @@ class ClickTrainer(Trainer):
         self.eval_batches = eval_batches
         self.report_dir = report_dir
         self.step_report = step_report
-        self.synthetic = click_data.SyntheticClicks(self.vocab_sizes, num_dense=num_dense, seed=synthetic_seed)
+        self.synthetic = click_data.SyntheticClicks(
+            self.vocab_sizes, num_dense=num_dense, seed=synthetic_seed
+        )
         self._asynchronous_workers = False
         self._step_report_written = False
 
@@ -122,7 +151,9 @@ class ClickTrainer(Trainer):
         # places on the ps tasks with the fewest bytes so far.
         with layers.record_all_variables():
             dense_linear = keras.layers.Dense(1, name="dense_linear")
-            dense_bottom = keras.layers.Dense(self.embedding_dims[0], activation="relu", name="dense_bottom")
+            dense_bottom = keras.layers.Dense(
+                self.embedding_dims[0], activation="relu", name="dense_bottom"
+            )
             dense_linear.build((None, self.num_dense))
             dense_bottom.build((None, self.num_dense))
             mlp, width = [], self.embedding_dims[0] + sum(self.embedding_dims)
@@ -134,21 +165,31 @@ class ClickTrainer(Trainer):
             deep_logit.build((None, width))
 
             dense_in = keras.Input((self.num_dense,), name="dense")
-            categorical_in = keras.Input((len(self.vocab_sizes),), dtype="int64", name="categorical")
+            categorical_in = keras.Input(
+                (len(self.vocab_sizes),), dtype="int64", name="categorical"
+            )
             wide_terms, deep_terms = [dense_linear(dense_in)], [dense_bottom(dense_in)]
-            for f, (vocab, dim, shards) in enumerate(zip(self.vocab_sizes, self.embedding_dims, self.num_shards)):
+            for f, (vocab, dim, shards) in enumerate(
+                zip(self.vocab_sizes, self.embedding_dims, self.num_shards)
+            ):
                 rows = layers.ShardedEmbedding(
-                    vocab, 1 + dim, num_shards=shards, partition_strategy=self.partition_strategy,
+                    vocab,
+                    1 + dim,
+                    num_shards=shards,
+                    partition_strategy=self.partition_strategy,
                     embeddings_initializer=keras.initializers.RandomUniform(-0.01, 0.01),
-                    name=f"table_{f}")(categorical_in[:, f])
-                wide_terms.append(rows[:, :1])   # the feature's wide (linear) weight
-                deep_terms.append(rows[:, 1:])   # its deep embedding
+                    name=f"table_{f}",
+                )(categorical_in[:, f])
+                wide_terms.append(rows[:, :1])  # the feature's wide (linear) weight
+                deep_terms.append(rows[:, 1:])  # its deep embedding
             x = keras.layers.Concatenate(name="deep_concat")(deep_terms)
             for layer in mlp:
                 x = layer(x)
             wide_terms.append(deep_logit(x))
             logit = keras.layers.Add(name="logit")(wide_terms)
-            model = keras.Model({"dense": dense_in, "categorical": categorical_in}, logit, name="click_model")
+            model = keras.Model(
+                {"dense": dense_in, "categorical": categorical_in}, logit, name="click_model"
+            )
         self._report_placement(model)
         return model
 
@@ -167,24 +208,42 @@ class ClickTrainer(Trainer):
     def build_train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch = self.per_replica_batch_size(input_context)
         if self.data_source == "criteo":
-            return click_data.criteo_dataset(self.criteo_train_files, batch, self.vocab_sizes,
-                                             num_dense=self.num_dense, input_context=input_context)
+            return click_data.criteo_dataset(
+                self.criteo_train_files,
+                batch,
+                self.vocab_sizes,
+                num_dense=self.num_dense,
+                input_context=input_context,
+            )
         first = 0
         if self._asynchronous_workers:
             # parameter_server workers all get input pipeline 0 and the same traced dataset
             # function: start each worker's stream at a different batch instead.
             first = tf.cast(tf.timestamp() * 1e6, tf.int64) % (1 << 40)
-        return self.synthetic.dataset(batch, first_batch=first, pipeline_id=input_context.input_pipeline_id,
-                                      num_pipelines=input_context.num_input_pipelines)
+        return self.synthetic.dataset(
+            batch,
+            first_batch=first,
+            pipeline_id=input_context.input_pipeline_id,
+            num_pipelines=input_context.num_input_pipelines,
+        )
 
-    def build_eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset | None:
+    def build_eval_dataset(
+        self, input_context: tf.distribute.InputContext
+    ) -> tf.data.Dataset | None:
         if self.data_source == "criteo":
             if not self.criteo_eval_files:
                 return None
-            return click_data.criteo_dataset(self.criteo_eval_files, self.eval_batch_size, self.vocab_sizes,
-                                             num_dense=self.num_dense, training=False)
+            return click_data.criteo_dataset(
+                self.criteo_eval_files,
+                self.eval_batch_size,
+                self.vocab_sizes,
+                num_dense=self.num_dense,
+                training=False,
+            )
         # Far from every training stream; the same examples in every run.
-        return self.synthetic.dataset(self.eval_batch_size, first_batch=1 << 50, num_batches=self.eval_batches)
+        return self.synthetic.dataset(
+            self.eval_batch_size, first_batch=1 << 50, num_batches=self.eval_batches
+        )
 
     # -- step ----------------------------------------------------------------
     def train_step(self, batch):
@@ -205,7 +264,11 @@ class ClickTrainer(Trainer):
             return self.report_dir
         # Workaround until the runner hands the model_dir to the Trainer.
         try:
-            return flags.FLAGS.model_dir if flags.FLAGS.is_parsed() and "model_dir" in flags.FLAGS else None
+            return (
+                flags.FLAGS.model_dir
+                if flags.FLAGS.is_parsed() and "model_dir" in flags.FLAGS
+                else None
+            )
         except AttributeError:
             return None
 
