@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.task import TaskContext
 
 
 @gin.configurable
@@ -40,6 +41,8 @@ class Trainer:
             raise ConfigError(f"Trainer.global_batch_size must be >= 1, got {global_batch_size}.")
         self.global_batch_size = global_batch_size
         self.eval_batch_size = eval_batch_size or global_batch_size
+        # Set by the run layer before build_model: model_dir, role, is_chief, number of workers.
+        self.context: TaskContext | None = None
         # Attached by the runner (tfdist_trainer.state.build_state) under the strategy scope.
         self.model: keras.Model | None = None
         self.optimizer: keras.optimizers.Optimizer | None = None
