@@ -29,7 +29,7 @@ import tensorflow as tf
 from clusterlib import REPO, launch_cmd, read_records, strategy_gin
 
 from recipes.sharded_embedding import data as click_data
-from tfdist_trainer import layers
+from tfdist_trainer import layers, variables
 
 TINY = [f"--gin_file={REPO}/configs/sharded_embedding/tiny.gin"]
 TIMEOUT_S = 200
@@ -256,6 +256,18 @@ def test_ledger_balances_bytes_and_placement_table_reports_them():
     )
     records = layers.placement_records(layer)
     assert [r["bytes"] for r in records["variables"]] == [80, 80]
+
+
+def test_record_all_variables_counts_each_shard_once():
+    """A shard is created inside the recorder *and* recorded by its layer: one variable, one count."""
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope(), layers.record_all_variables() as ledger:
+        layer = layers.ShardedEmbedding(10, 4, num_shards=2, name="counted_once")
+        layer.build()
+        dense = keras.Variable(np.zeros([6, 4], np.float32), name="beside_the_table")
+    tasks = {variables.device_of(v) for v in [*layer.shards, dense]}
+    assert len(tasks) == 1, tasks
+    # 10 x 4 float32 rows in two shards, plus the 6 x 4 variable beside them.
+    assert ledger.bytes_on(tasks.pop()) == (10 + 6) * 4 * 4
 
 
 # -- data ---------------------------------------------------------------------------

@@ -162,11 +162,18 @@ class PlacementLedger:
         self._lock = threading.Lock()
 
     def record(self, variable: Any, device: str | None = None) -> None:
+        """Counts `variable`'s bytes on its task; recording it again (or its Keras wrapper) moves it.
+
+        A variable is known by its storage: a Keras variable and the TF variable
+        it stores (what `record_all_variables` sees created) are one entry.
+        """
         task = _task_of(device or device_of(variable))
+        stored = tf_compat.variable_storage(variable)
+        key = id(stored if stored is not None else variable)
         with self._lock:
             for held in self._bytes.values():
-                held.pop(id(variable), None)
-            self._bytes.setdefault(task, {})[id(variable)] = stored_bytes(variable)
+                held.pop(key, None)
+            self._bytes.setdefault(task, {})[key] = stored_bytes(variable)
 
     def bytes_on(self, device: str) -> int:
         return sum(self._bytes.get(_task_of(device), {}).values())
