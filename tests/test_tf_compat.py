@@ -390,3 +390,67 @@ def test_remote_value_status_and_busy_worker_threads_on_a_real_coordinator(tmp_p
     assert result["finished_while_running"] is False and result["finished_after_join"] is True, (
         broken("RemoteValueImpl._status", f"status while running / after join: {result}")
     )
+
+
+# -- compiled Keras models ------------------------------------------------------------
+
+
+def _two_output_model(**compile_args):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(5)(inputs)
+    model = keras.Model(
+        inputs, {"cls": keras.layers.Dense(3)(hidden), "reg": keras.layers.Dense(1)(hidden)}
+    )
+    model.compile(optimizer="sgd", **compile_args)
+    return model
+
+
+def test_compiled_loss_is_found_and_built_with_one_tracker_per_output():
+    """Trainer._compile_loss and CompileLoss.build: the loss given to compile(), its trackers made up front."""
+    assert tf_compat.compiled_loss(keras.Sequential([keras.layers.Dense(1)])) is None
+    model = _two_output_model(
+        loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+        loss_weights={"cls": 1.0, "reg": 0.5},
+    )
+    loss = tf_compat.compiled_loss(model)
+    assert loss is not None and not loss.built, broken(
+        "keras Model._compile_loss",
+        "compile(loss=...) no longer leaves an unbuilt CompileLoss there",
+    )
+    x = tf.zeros([2, 4])
+    y = {"cls": tf.constant([0, 2]), "reg": tf.ones([2, 1])}
+    tf_compat.build_compiled_loss(model, y, model(x))
+    assert loss.built and sorted(m.name for m in loss.metrics) == ["cls_loss", "reg_loss"], broken(
+        "keras CompileLoss.build", f"it made the trackers {[m.name for m in loss.metrics]}"
+    )
+    variables = [v for m in loss.metrics for v in m.variables]
+    assert variables, broken("keras CompileLoss.build", "its trackers hold no variables")
+    # The public loss now runs on the built object, loss_weights applied.
+    value = float(model.compute_loss(x=x, y=y, y_pred=model(x)))
+    assert np.isfinite(value)
+
+
+def test_compiled_metrics_are_independent_built_copies_with_names_resolved():
+    """Trainer._compile_metrics (_user_metrics, _user_weighted_metrics) and CompileMetrics(...).build."""
+    assert tf_compat.compiled_metrics(keras.Sequential([keras.layers.Dense(1)]), None, None) is None
+    accuracy = keras.metrics.SparseCategoricalAccuracy(name="acc")
+    model = _two_output_model(
+        loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"},
+        metrics={"cls": ["accuracy", accuracy], "reg": ["mae"]},
+        weighted_metrics={"reg": ["mse"]},
+    )
+    x = tf.zeros([2, 4])
+    y = {"cls": tf.constant([0, 2]), "reg": tf.ones([2, 1])}
+    first = tf_compat.compiled_metrics(model, y, model(x))
+    second = tf_compat.compiled_metrics(model, y, model(x))
+    assert isinstance(first, keras.metrics.Metric) and first.built, broken(
+        "keras.src.trainers.compile_utils.CompileMetrics", "not a built Metric"
+    )
+    assert accuracy not in first.metrics and accuracy not in second.metrics
+    first.update_state(y, model(x), sample_weight=tf.ones([2]))
+    results = {k: float(v) for k, v in first.result().items()}
+    assert set(results) == {"cls_accuracy", "cls_acc", "reg_mae", "reg_mse"}, broken(
+        "keras CompileMetrics.result", f"names {sorted(results)}"
+    )
+    assert all(float(v) == 0.0 for v in second.result().values()), "the copies share state"
+    assert not set(map(id, first.variables)) & set(map(id, second.variables))

@@ -14,8 +14,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tfdist_trainer import compiled, layers, tf_compat
 from tfdist_trainer import data as data_lib
-from tfdist_trainer import layers, tf_compat
 from tfdist_trainer.strategies import StrategyConfig
 from tfdist_trainer.trainer import Trainer
 
@@ -58,6 +58,7 @@ def build_state(
     with strategy.scope(), layers.record_all_variables():
         # The placement scope lets self-sharding layers balance bytes against every variable.
         trainer.model = build_model(trainer, strategy_config)
+        compiled.prepare(trainer)  # a compiled model's loss state, before any step
         trainer.train_metrics = trainer.build_metrics()
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
         if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):

@@ -6,6 +6,11 @@ call its steps inside `strategy.run` and hand it an `InputContext` for its
 data. The runtime objects (model, optimizer, metrics) are created by the
 runner under the strategy's scope and attached to the Trainer before any step
 runs.
+
+A model that `build_model` returns compiled (`model.compile(optimizer=...,
+loss=..., metrics=...)`) brings its own loss, optimizer and metrics: the
+defaults of `compute_loss`, `build_optimizer` and `build_metrics` use them
+(tfdist_trainer.compiled says how).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import gin
 import keras
 import tensorflow as tf
 
+from tfdist_trainer import compiled
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.task import TaskContext
 
@@ -25,7 +31,10 @@ class Trainer:
     """Base class for user trainers.
 
     Override `build_model`, `build_train_dataset` and `compute_loss`; usually
-    also `build_optimizer`, `build_eval_dataset` and `build_metrics`. Override
+    also `build_optimizer`, `build_eval_dataset` and `build_metrics`. When
+    `build_model` returns a compiled Keras model, `compute_loss`,
+    `build_optimizer` and `build_metrics` default to what was compiled. Batches
+    are `(features, labels)` or `(features, labels, sample_weight)`. Override
     `train_step` / `eval_step` only for unusual steps (GANs, several losses):
     they run once per replica inside `strategy.run`.
 
@@ -58,8 +67,8 @@ class Trainer:
         raise NotImplementedError(f"{type(self).__name__} must override build_model().")
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
-        """Returns the optimizer (default Adam). Called once, under the strategy's scope."""
-        return keras.optimizers.Adam()
+        """Returns the optimizer: a compiled model's, else Adam. Called once, under the strategy's scope."""
+        return compiled.optimizer(self.model) or keras.optimizers.Adam()
 
     def build_train_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         """Returns this input pipeline's training data as batched `(features, labels)`.
@@ -77,37 +86,52 @@ class Trainer:
         return None
 
     def compute_loss(self, labels: Any, predictions: Any) -> tf.Tensor:
-        """Returns the loss of each example (shape [batch]); the runner averages over the global batch."""
-        raise NotImplementedError(f"{type(self).__name__} must override compute_loss().")
+        """Returns the loss of each example (shape [batch]); the runner averages over the global batch.
+
+        Not called when the model is compiled and this method is not overridden:
+        the compiled loss (`model.compute_loss`) is used instead.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must override compute_loss() or return a model compiled with a loss."
+        )
 
     def build_metrics(self) -> list[keras.metrics.Metric]:
-        """Returns fresh Keras metrics; called twice (train and eval sets) under the strategy's scope."""
-        return []
+        """Returns fresh Keras metrics; called twice (train and eval sets) under the strategy's scope.
+
+        Default: a copy of a compiled model's metrics (none for an uncompiled model).
+        """
+        return compiled.metrics(self)
 
     # -- steps (run per replica) --------------------------------------------
     def train_step(self, batch: Any) -> tf.Tensor:
         """One optimization step on this replica's batch; returns its share of the global mean loss."""
-        features, labels = batch
+        features, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         with tf.GradientTape() as tape:
             predictions = self.model(features, training=True)
-            loss = self.average_loss(self.compute_loss(labels, predictions))
+            loss = self.step_loss(features, labels, predictions, sample_weight)
             # Identity unless mixed_float16 wrapped the optimizer in a LossScaleOptimizer.
             scaled_loss = self.optimizer.scale_loss(loss)
         variables = self.model.trainable_variables
         gradients = tape.gradient(scaled_loss, variables)
         self.optimizer.apply_gradients(zip(gradients, variables))
-        for metric in self.train_metrics:
-            metric.update_state(labels, predictions)
+        self.update_metrics(self.train_metrics, labels, predictions, sample_weight)
         return loss
 
     def eval_step(self, batch: Any) -> None:
         """Updates `self.eval_metrics` with one batch: the first is the mean loss, then build_metrics()."""
-        features, labels = batch
+        features, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         predictions = self.model(features, training=False)
         loss_metric, *metrics = self.eval_metrics
-        loss_metric.update_state(self.compute_loss(labels, predictions))
-        for metric in metrics:
-            metric.update_state(labels, predictions)
+        if compiled.uses_compiled_loss(self):
+            share = self.step_loss(features, labels, predictions, sample_weight, training=False)
+            examples = tf.shape(tf.nest.flatten(features)[0])[0]
+            loss_metric.update_state(compiled.batch_mean(share), sample_weight=examples)
+        else:
+            per_example_loss = self.compute_loss(labels, predictions)
+            if sample_weight is not None:
+                per_example_loss *= tf.cast(sample_weight, per_example_loss.dtype)
+            loss_metric.update_state(per_example_loss)
+        self.update_metrics(metrics, labels, predictions, sample_weight)
 
     # -- helpers for subclasses ---------------------------------------------
     def per_replica_batch_size(self, input_context: tf.distribute.InputContext) -> int:
@@ -120,11 +144,47 @@ class Trainer:
             )
         return self.global_batch_size // replicas
 
-    def average_loss(self, per_example_loss: tf.Tensor) -> tf.Tensor:
+    def step_loss(
+        self,
+        features: Any,
+        labels: Any,
+        predictions: Any,
+        sample_weight: Any = None,
+        *,
+        training: bool = True,
+    ) -> tf.Tensor:
+        """This replica's share of the mean loss over the global batch (regularization included).
+
+        `average_loss(compute_loss(...))`, or a compiled model's loss when
+        `compute_loss` is not overridden.
+        """
+        if compiled.uses_compiled_loss(self):
+            return compiled.step_loss(
+                self.model, features, labels, predictions, sample_weight, training
+            )
+        return self.average_loss(self.compute_loss(labels, predictions), sample_weight)
+
+    def update_metrics(
+        self,
+        metrics: list[keras.metrics.Metric],
+        labels: Any,
+        predictions: Any,
+        sample_weight: Any = None,
+    ) -> None:
+        """Updates each metric with one batch (passing `sample_weight` when the batch has one)."""
+        for metric in metrics:
+            if sample_weight is None:
+                metric.update_state(labels, predictions)
+            else:
+                metric.update_state(labels, predictions, sample_weight=sample_weight)
+
+    def average_loss(self, per_example_loss: tf.Tensor, sample_weight: Any = None) -> tf.Tensor:
         """Mean over the *global* batch plus scaled regularization losses.
 
         Dividing by the global batch (not the replica's) keeps gradients the same
         whatever the number of replicas, because replica gradients are summed.
+        With `sample_weight`, each example's loss is weighted, still divided by
+        the number of examples (Keras' "sum_over_batch_size").
         """
         per_example_loss = tf.convert_to_tensor(per_example_loss)
         if per_example_loss.shape.rank not in (None, 1):
@@ -132,7 +192,11 @@ class Trainer:
                 f"{type(self).__name__}.compute_loss must return one loss per example (shape [batch]), "
                 f"got shape {per_example_loss.shape}."
             )
-        loss = tf.nn.compute_average_loss(tf.cast(per_example_loss, tf.float32))
+        if sample_weight is not None:
+            sample_weight = tf.cast(sample_weight, tf.float32)
+        loss = tf.nn.compute_average_loss(
+            tf.cast(per_example_loss, tf.float32), sample_weight=sample_weight
+        )
         if self.model is not None and self.model.losses:
             loss += tf.nn.scale_regularization_loss(
                 tf.add_n([tf.cast(reg, tf.float32) for reg in self.model.losses])
