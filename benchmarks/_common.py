@@ -126,14 +126,14 @@ def trainer_loop(
     """
     import keras
 
-    from tfdist_trainer import loops
+    from tfdist_trainer import loops, strategy_runtime
     from tfdist_trainer import state as state_lib
 
     keras.utils.set_random_seed(seed)
     trainer = bench_trainer_cls()(
         pool=pool, global_batch_size=batch_size, filters=filters, dense_units=dense_units
     )
-    strategy = strategy_config.create(None)
+    strategy = strategy_runtime.start(strategy_config).strategy
     global_step, _ = state_lib.build_state(trainer, strategy)
     size = loops.StepsPerLoopTuner() if steps_per_loop == "auto" else steps_per_loop
     kwargs = {"jit_compile": True} if jit_compile else {}

@@ -5,7 +5,7 @@
 
 Each variant in its own process (benchmarks._common.VariantProcesses); the
 mirrored one split into `--num_logical_cpus` logical CPU devices the way the
-`mirrored` strategy does it without a GPU (strategies.Mirrored.prepare_devices).
+`mirrored` strategy does it without a GPU (strategy_runtime.prepare_devices).
 Both variants run the library's own path (state.build_state + loops.TrainLoop)
 on the MNIST recipe's model with the same global batch:
 
@@ -77,11 +77,12 @@ VARIANTS = (BASELINE, "mirrored")
 def serve(args: argparse.Namespace) -> None:
     """A child process: one_device on the CPU, or mirrored over logical CPUs made before TF starts."""
     _common.quiet_tensorflow()
+    from tfdist_trainer import strategy_runtime
     from tfdist_trainer.strategies import Mirrored, OneDevice
 
     if args.variant_process == "mirrored":
         config = Mirrored(num_logical_cpus=args.num_logical_cpus)
-        config.prepare_devices()
+        strategy_runtime.prepare_devices(config)
     else:
         config = OneDevice(device="/cpu:0")
     pool = _common.load_pool(args.data, args.pool_size, args.seed)

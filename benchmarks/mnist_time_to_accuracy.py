@@ -274,13 +274,13 @@ def _outcome(evals, train_s, eval_s, first_segment_s, wall_s, reached_at, target
 def run_trainer(args, data, seed: int, max_steps: int, target: float) -> dict[str, Any]:
     import keras
 
-    from tfdist_trainer import loops
+    from tfdist_trainer import loops, strategy_runtime
     from tfdist_trainer import state as state_lib
     from tfdist_trainer.strategies import OneDevice
 
     keras.utils.set_random_seed(seed)
     trainer = make_trainer(args, data, seed)
-    strategy = OneDevice().create(None)
+    strategy = strategy_runtime.start(OneDevice()).strategy
     t_build = time.perf_counter()
     global_step, _ = state_lib.build_state(
         trainer, strategy

@@ -14,8 +14,8 @@ Variants, each with its own identically seeded model, each in its own process
   mp{D}_pipelined       the same with num_micro_batches=--micro_batches (GPipe schedule)
 
 Each is the library's own path: state.build_state under the strategy (the
-ModelParallel config places the layers) and loops.TrainLoop with the
-config's train_step_fn, timed around ``loop.train(steps)`` (one tf.function
+model_parallel runtime places the layers) and loops.TrainLoop with the
+runtime's train_step_fn, timed around ``loop.train(steps)`` (one tf.function
 call of `--steps` steps). Without GPUs the devices are logical CPUs made from
 the one physical CPU: they share its cores, so model parallelism cannot add
 compute here; what pipelining can add is overlap (TF's executor runs ready ops
@@ -92,6 +92,7 @@ def serve(args: argparse.Namespace) -> None:
     """A child process: one variant, its logical CPUs (or GPUs) made before TensorFlow starts."""
     _common.quiet_tensorflow()
     sys.path.insert(0, _common.REPO)
+    from tfdist_trainer import strategy_runtime
     from tfdist_trainer.strategies import ModelParallel, OneDevice
 
     spec = _variants(args)[args.variant_process]
@@ -104,7 +105,7 @@ def serve(args: argparse.Namespace) -> None:
             num_micro_batches=spec["micro_batches"],
             placement_file=None,
         )
-        config.prepare_devices()
+        strategy_runtime.prepare_devices(config)
 
     def build():
         import keras
@@ -113,7 +114,6 @@ def serve(args: argparse.Namespace) -> None:
         from recipes.model_parallel_lm.trainer import TransformerLMTrainer
         from tfdist_trainer import loops
         from tfdist_trainer import state as state_lib
-        from tfdist_trainer.cluster import ClusterConfig
 
         tf.get_logger().setLevel("ERROR")
         keras.utils.set_random_seed(args.seed)
@@ -121,7 +121,8 @@ def serve(args: argparse.Namespace) -> None:
             os.path.join(_common.REPO, "*.md"),
             os.path.join(_common.REPO, "tfdist_trainer", "*.py"),
         ]
-        strategy = config.create(ClusterConfig(cluster={}))
+        runtime = strategy_runtime.start(config)
+        strategy = runtime.strategy
         trainer = TransformerLMTrainer(
             data_glob=data_glob,
             seq_len=args.seq_len,
@@ -132,9 +133,9 @@ def serve(args: argparse.Namespace) -> None:
             global_batch_size=args.batch_size,
             data_seed=args.seed,
         )
-        global_step, _ = state_lib.build_state(trainer, strategy, strategy_config=config)
+        global_step, _ = state_lib.build_state(trainer, strategy, runtime=runtime)
         loop = loops.TrainLoop(
-            strategy, trainer, global_step, args.steps, step_fn=config.train_step_fn(trainer)
+            strategy, trainer, global_step, args.steps, step_fn=runtime.train_step_fn(trainer)
         )
 
         def run(steps: int) -> float:

@@ -301,14 +301,14 @@ def worker_main(cfg: dict) -> int:
     import tensorflow as tf
     from tensorflow.python.ops import collective_ops
 
-    from tfdist_trainer import loops
+    from tfdist_trainer import loops, strategy_runtime
     from tfdist_trainer import state as state_lib
 
     role, task_id, workers = cluster.role, cluster.task_id, cfg["num_workers"]
     load_start = os.getloadavg()[0]
     t_start = time.perf_counter()
     keras.utils.set_random_seed(cfg["seed"])
-    strategy = config.create(cluster)
+    strategy = strategy_runtime.start(config).strategy
     if strategy.num_replicas_in_sync != workers:
         raise RuntimeError(
             f"expected {workers} replicas in sync, got {strategy.num_replicas_in_sync}"
@@ -353,7 +353,7 @@ def worker_main(cfg: dict) -> int:
     # (d) the same step with no communication: one_device, per-replica batch.
     local_trainer = None
     if "local_step" in variants:
-        local_strategy = OneDevice().create(None)
+        local_strategy = strategy_runtime.start(OneDevice()).strategy
         local_trainer = trainer_cls(
             pool=pool,
             global_batch_size=cfg["batch_size"] // workers,

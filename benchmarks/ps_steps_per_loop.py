@@ -147,15 +147,15 @@ def _measure(args, cluster: dict[str, list[str]]) -> dict:
     _cluster.set_chief_env(cluster)
     import keras
 
-    from tfdist_trainer import loops
+    from tfdist_trainer import loops, strategy_runtime
     from tfdist_trainer import state as state_lib
     from tfdist_trainer.strategies import ParameterServer
 
     keras.utils.set_random_seed(args.seed)
     pool = _common.load_pool(args.data, args.pool_size, args.seed)
     config = ParameterServer()
-    strategy = config.create(None)
-    coordinator = config.create_coordinator(strategy)
+    runtime = strategy_runtime.start(config)
+    strategy, coordinator = runtime.strategy, runtime.coordinator
     trainer = _common.bench_trainer_cls()(
         pool=pool,
         global_batch_size=args.batch_size,

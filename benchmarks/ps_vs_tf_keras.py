@@ -320,7 +320,7 @@ def trainer_chief(spec_path: str) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tfdist_trainer import loops
+    from tfdist_trainer import loops, strategy_runtime
     from tfdist_trainer import state as state_lib
     from tfdist_trainer.strategies import ParameterServer
 
@@ -331,8 +331,8 @@ def trainer_chief(spec_path: str) -> dict:
         pool = (data["images"], data["labels"])
     t0 = time.perf_counter()
     config = ParameterServer(steps_per_loop=spec["steps_per_loop"])
-    strategy = config.create(None)
-    coordinator = config.create_coordinator(strategy)
+    runtime = strategy_runtime.start(config)
+    strategy, coordinator = runtime.strategy, runtime.coordinator
     trainer = _common.bench_trainer_cls()(
         pool=pool,
         global_batch_size=spec["batch_size"],

@@ -135,7 +135,7 @@ def chief_main(args: argparse.Namespace) -> None:
     import gin
     import numpy as np
 
-    from tfdist_trainer import layers, loops
+    from tfdist_trainer import layers, loops, strategy_runtime
     from tfdist_trainer import state as state_lib
     from tfdist_trainer.config import load_experiment
 
@@ -148,8 +148,8 @@ def chief_main(args: argparse.Namespace) -> None:
         bindings.append(f"Trainer.global_batch_size={args.batch_size}")
     experiment = load_experiment(gin_files(config), bindings)
     strategy_config = experiment.strategy_config
-    strategy = strategy_config.create(None)
-    coordinator = strategy_config.create_coordinator(strategy)
+    runtime = strategy_runtime.start(strategy_config)
+    strategy, coordinator = runtime.strategy, runtime.coordinator
     trainer = experiment.trainer_cls(report_dir=None, step_report=False)
 
     t0 = time.perf_counter()

@@ -22,6 +22,7 @@ TF_FREE_MODULES = [
     "tfdist_trainer.hooks",
     "tfdist_trainer.netns",
     "tfdist_trainer.placement",
+    "tfdist_trainer.task",
 ]
 
 
@@ -35,3 +36,27 @@ def test_planning_modules_import_no_tensorflow():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "[]", f"imported at planning time: {result.stdout.strip()}"
+
+
+def test_strategies_hold_topology_only_and_the_runtime_builds_each_one():
+    """strategies.py (TF-free) says what a strategy is; strategy_runtime.py alone builds it."""
+    from tfdist_trainer import strategies, strategy_runtime
+
+    configs = [
+        strategies.OneDevice(),
+        strategies.Mirrored(),
+        strategies.MultiWorkerMirrored(),
+        strategies.ParameterServer(),
+        strategies.ModelParallel(),
+    ]
+    runtime_members = (
+        "create",
+        "prepare_devices",
+        "prepare_model",
+        "train_step_fn",
+        "create_coordinator",
+        "communication_options",
+    )
+    for config in configs:
+        assert [m for m in runtime_members if hasattr(config, m)] == [], type(config).__name__
+        assert any(cls in strategy_runtime._STARTERS for cls in type(config).__mro__), config.name

@@ -105,7 +105,7 @@ def test_model_parallel_lm_configs_parse():
         ],
         ["model_parallel.data_parallel = 'multi_worker_mirrored'"],
     )
-    assert isinstance(experiment.strategy_config._workers, MultiWorkerMirrored)
+    assert isinstance(experiment.strategy_config.workers, MultiWorkerMirrored)
     assert experiment.strategy_config.launch_layout(num_workers=2, num_ps=0) == {"worker": 2}
 
 
@@ -319,24 +319,24 @@ def test_plan_pattern_matching_no_layer_is_one_error(corpus, tmp_path):
 GRADIENTS_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from tfdist_trainer.cluster import ClusterConfig
     from tfdist_trainer.strategies import ModelParallel
-    from tfdist_trainer import placement as placement_lib, state as state_lib
+    from tfdist_trainer import placement as placement_lib, state as state_lib, strategy_runtime
 
     corpus = sys.argv[1]
     config = ModelParallel(plan="auto", num_devices=4, num_micro_batches=4, placement_file=None)
-    config.prepare_devices()  # before TensorFlow starts
+    strategy_runtime.prepare_devices(config)  # before TensorFlow starts
     import keras, tensorflow as tf
     from recipes.model_parallel_lm.trainer import TransformerLMTrainer
 
     keras.utils.set_random_seed(3)
-    strategy = config.create(ClusterConfig(cluster={}))
+    runtime = strategy_runtime.start(config)
+    strategy = runtime.strategy
     trainer = TransformerLMTrainer(data_glob=corpus, seq_len=16, num_layers=2, d_model=16, num_heads=2, d_ff=32,
                                    global_batch_size=8)
-    state_lib.build_state(trainer, strategy, strategy_config=config)
-    config.train_step_fn(trainer)
-    placement = config._placement
-    loss_device = config._devices[placement.units[-1].index]
+    state_lib.build_state(trainer, strategy, runtime=runtime)
+    runtime.train_step_fn(trainer)
+    placement = runtime.placement
+    loss_device = runtime.devices[placement.units[-1].index]
     batch = next(iter(trainer.build_train_dataset(tf.distribute.InputContext())))
 
     def gradients_fn(micro_batches):

@@ -178,7 +178,10 @@ def main(argv: list[str]) -> None:
             from tfdist_trainer import evaluator
 
             evaluator.run_evaluator(
-                experiment, FLAGS.model_dir, timeout_s=FLAGS.evaluator_timeout_s
+                experiment,
+                FLAGS.model_dir,
+                timeout_s=FLAGS.evaluator_timeout_s,
+                context=strategy_config.task_context(cluster, FLAGS.model_dir),
             )
         else:
             controller.run_training(experiment, cluster, FLAGS.model_dir)

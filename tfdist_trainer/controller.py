@@ -21,7 +21,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import hooks as hooks_lib
-from tfdist_trainer import loops, markers, storage
+from tfdist_trainer import loops, markers, storage, strategy_runtime
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import WORKER, ClusterConfig
 from tfdist_trainer.errors import ClusterStalledError, ConfigError, Preempted
@@ -228,11 +228,12 @@ def _save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: 
 def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> dict[str, Any]:
     """Trains until ``train.train_steps`` (or a hook stops it); returns the last train and eval values."""
     config = experiment.strategy_config
+    context = config.task_context(cluster, model_dir)
     if experiment.seed is not None:
         keras.utils.set_random_seed(experiment.seed)
     try:
-        config.prepare_devices()
-        strategy = config.create(cluster)
+        strategy_runtime.prepare_devices(config)
+        runtime = strategy_runtime.start(config, context=context)
     except (
         RuntimeError
     ) as e:  # "cannot be modified after being initialized", "must be configured at startup"
@@ -241,6 +242,7 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
             f"into the Trainer's methods."
         ) from None
+    strategy, coordinator = runtime.strategy, runtime.coordinator
     if experiment.jit_compile and (
         not config.supports_jit_compile
         or (
@@ -253,7 +255,6 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             f"every step on one device, away from variables on the others; use it with one_device, or "
             f"mirrored / multi_worker_mirrored on GPUs."
         )
-    coordinator = config.create_coordinator(strategy)
     logging.info(
         "strategy %s with %d replica(s) in sync", config.name, strategy.num_replicas_in_sync
     )
@@ -261,7 +262,8 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     if experiment.mixed_precision:
         keras.mixed_precision.set_global_policy(experiment.mixed_precision)
     trainer = experiment.trainer_cls()
-    global_step, checkpoint = build_state(trainer, strategy, strategy_config=config)
+    trainer.context = context
+    global_step, checkpoint = build_state(trainer, strategy, runtime=runtime)
     checkpointer = Checkpointer(
         model_dir=model_dir,
         cluster=cluster,
@@ -287,7 +289,7 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             global_step,
             steps_per_loop,
             jit_compile=experiment.jit_compile,
-            step_fn=config.train_step_fn(trainer),
+            step_fn=runtime.train_step_fn(trainer),
         )
     else:
         loop = loops.ScheduledTrainLoop(
@@ -297,7 +299,7 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
             global_step,
             steps_per_loop,
             jit_compile=experiment.jit_compile,
-            step_fn=config.train_step_fn(trainer),
+            step_fn=runtime.train_step_fn(trainer),
             num_workers=cluster.num_tasks(WORKER),
             stall_timeout_s=config.stall_timeout_s,
             worker_addresses=[t.address for t in cluster.tasks((WORKER,))],

@@ -8,19 +8,35 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import loops, markers, storage
+from tfdist_trainer.cluster import EVALUATOR
 from tfdist_trainer.errors import ConfigError, EvaluatorTimeout
 from tfdist_trainer.experiment import Experiment
+from tfdist_trainer.hooks import SideCarEvaluation
 from tfdist_trainer.logs import MetricsRecord, Summaries, report_eval, trainer_tags
 from tfdist_trainer.state import build_state
+from tfdist_trainer.task import TaskContext
 
 
-def run_evaluator(experiment: Experiment, model_dir: str, *, timeout_s: float) -> dict[str, float]:
+def run_evaluator(
+    experiment: Experiment,
+    model_dir: str,
+    *,
+    timeout_s: float,
+    context: TaskContext | None = None,
+) -> dict[str, float]:
     """Evaluates each new checkpoint in model_dir until training is over.
 
     Stops after the checkpoint at ``train_steps``, or after the last one when the
-    chief marks training done earlier (a hook stopped it).
+    chief marks training done earlier (a hook stopped it). `context` is the
+    evaluator task's (`Trainer.context`); None makes one from model_dir alone.
     """
     trainer = experiment.trainer_cls()
+    trainer.context = context or TaskContext(
+        model_dir=model_dir,
+        task_type=EVALUATOR,
+        is_chief=False,
+        strategy=experiment.strategy_config.name,
+    )
     global_step, checkpoint = build_state(
         trainer, tf.distribute.get_strategy(), with_optimizer=False
     )
@@ -60,6 +76,17 @@ def run_evaluator(experiment: Experiment, model_dir: str, *, timeout_s: float) -
             log=logging.info,
             checkpoint=path,
         )
+        evaluation = SideCarEvaluation(
+            model_dir=model_dir,
+            step=step,
+            values=values,
+            checkpoint=path,
+            export=lambda target: trainer.model.export(
+                target, format="tf_saved_model", verbose=False
+            ),
+        )
+        for hook in experiment.hooks:  # the same gin config: e.g. BestExporter exports here
+            hook.after_side_car_eval(evaluation)
         last_activity = time.monotonic()
         if step >= experiment.train_steps:
             break

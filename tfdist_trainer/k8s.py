@@ -92,16 +92,6 @@ def task_layout(
     return {t: layout[t] for t in _ORDER if t in layout}
 
 
-def _runs_steps(strategy_config, task_type: str) -> bool:
-    """Whether tasks of this type compute (and so get GPUs): not ps, not a coordinating chief."""
-    if task_type == PS:
-        return False
-    # parameter_server: the chief only schedules.
-    return not (
-        task_type == CHIEF and "ps" in strategy_config.launch_layout(num_workers=1, num_ps=1)
-    )
-
-
 def dns_label(text: str, max_len: int = 40) -> str:
     """`text` as an RFC 1123 label (lower case, digits, '-'), short enough for '<name>-evaluator-0'."""
     label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
@@ -302,7 +292,7 @@ def manifests(
         raise ManifestError(str(e)) from None
 
     def container_for(task_type: str, env=()) -> dict[str, Any]:
-        gpu = gpus if _runs_steps(strategy_config, task_type) else 0
+        gpu = gpus if strategy_config.runs_steps(task_type) else 0
         return _container(
             image=image,
             train_args=train_args,

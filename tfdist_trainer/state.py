@@ -16,7 +16,7 @@ from absl import logging
 
 from tfdist_trainer import compiled, layers, tf_compat
 from tfdist_trainer import data as data_lib
-from tfdist_trainer.strategies import StrategyConfig
+from tfdist_trainer.strategy_runtime import StrategyRuntime
 from tfdist_trainer.trainer import Trainer
 
 
@@ -32,7 +32,7 @@ def _example_batch(trainer: Trainer) -> Any:
     return tf.nest.map_structure(zeros, features_spec)
 
 
-def build_model(trainer: Trainer, strategy_config: StrategyConfig | None = None) -> keras.Model:
+def build_model(trainer: Trainer, runtime: StrategyRuntime | None = None) -> keras.Model:
     """Builds the user's model with all its variables, never lazily inside a step.
 
     Variables land where the current scope (or a model_parallel plan) places
@@ -40,8 +40,8 @@ def build_model(trainer: Trainer, strategy_config: StrategyConfig | None = None)
     calls the model.
     """
     model = trainer.build_model()
-    if strategy_config is not None:
-        model = strategy_config.prepare_model(model)
+    if runtime is not None:
+        model = runtime.prepare_model(model)
     if not model.built:
         model(_example_batch(trainer), training=False)
     return model
@@ -52,12 +52,12 @@ def build_state(
     strategy: tf.distribute.Strategy,
     *,
     with_optimizer: bool = True,
-    strategy_config: StrategyConfig | None = None,
+    runtime: StrategyRuntime | None = None,
 ) -> tuple[tf.Variable, tf.train.Checkpoint]:
     """Creates model, optimizer, metrics and global step under the scope; returns (global_step, checkpoint)."""
     with strategy.scope(), layers.record_all_variables():
         # The placement scope lets self-sharding layers balance bytes against every variable.
-        trainer.model = build_model(trainer, strategy_config)
+        trainer.model = build_model(trainer, runtime)
         compiled.prepare(trainer)  # a compiled model's loss state, before any step
         trainer.train_metrics = trainer.build_metrics()
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()

@@ -1,16 +1,21 @@
 """Gin-configurable distribution strategies: one `train.strategy = @NAME` line picks one.
 
-Each strategy knows three things beyond building its `tf.distribute.Strategy`:
-which cluster shapes it accepts (checked before TF starts), what each task
-type does under it (train, serve or evaluate), and which peers a task must see
-before TF starts. That keeps the command line free of per-strategy `if`s.
+This module is a strategy's *topology*, and imports no TensorFlow: its
+settings (the gin knobs), which cluster shapes it accepts (checked before TF
+starts), what each task type does under it (train, serve or evaluate), which
+peers a task must see before TF starts, which tasks compute steps, and what a
+launcher restarts when a task dies. The CLI, `tfdist-launch` and the
+Kubernetes manifests read only this. Building the `tf.distribute.Strategy`,
+placing a model and choosing the step is the runtime's job
+(`tfdist_trainer.strategy_runtime`), which the training task starts once TF
+may start.
 """
 
 from __future__ import annotations
 
-import abc
 import enum
-from typing import TYPE_CHECKING, Any
+import os
+from typing import Any
 
 import gin
 
@@ -24,9 +29,7 @@ from tfdist_trainer.cluster import (
     TaskAddress,
 )
 from tfdist_trainer.errors import ConfigError
-
-if TYPE_CHECKING:  # TensorFlow is imported only once the cluster is known to be sane.
-    import tensorflow as tf
+from tfdist_trainer.task import TaskContext
 
 
 class Action(enum.Enum):
@@ -35,12 +38,22 @@ class Action(enum.Enum):
     EVALUATE = "evaluate"  # side-car that follows checkpoints
 
 
-class StrategyConfig(abc.ABC):
-    """What the rest of the package needs to know about one kind of strategy."""
+class StrategyConfig:
+    """One kind of strategy as the cluster sees it: its settings and its topology (no TensorFlow)."""
 
     name: str = ""
     #: Steps packed into one `tf.function` call (or one scheduled closure) unless set in gin.
     default_steps_per_loop: int = 100
+
+    #: Whether this task must listen on its port while it waits for peers (peers wait for it too).
+    holds_port_while_waiting: bool = False
+
+    #: Whether train.jit_compile can work: XLA compiles a step for one device.
+    supports_jit_compile: bool = True
+
+    #: Seconds without a finished scheduled closure before the chief gives up (0: never);
+    #: only strategies with a coordinator schedule closures.
+    stall_timeout_s: float = 0.0
 
     def validate(self, cluster: ClusterConfig) -> None:
         """Raises ClusterConfigError when `cluster` cannot run this strategy."""
@@ -59,19 +72,17 @@ class StrategyConfig(abc.ABC):
         """Tasks that must be listening before this task starts TF."""
         return []
 
-    #: Whether this task must listen on its port while it waits for peers (peers wait for it too).
-    holds_port_while_waiting: bool = False
-
-    #: Whether train.jit_compile can work: XLA compiles a step for one device.
-    supports_jit_compile: bool = True
-
-    #: Seconds without a finished scheduled closure before the chief gives up (0: never);
-    #: only strategies with a coordinator schedule closures.
-    stall_timeout_s: float = 0.0
-
     def launch_layout(self, *, num_workers: int, num_ps: int) -> dict[str, int]:
         """The task types and counts `tfdist-launch` starts for this strategy."""
         return {CHIEF: 1}
+
+    def runs_steps(self, task_type: str) -> bool:
+        """Whether tasks of this type compute training or evaluation steps (and so want accelerators).
+
+        Not a ps, which only holds variables; not a chief that only schedules
+        (parameter_server overrides this).
+        """
+        return task_type != PS
 
     def restart_group(self, failed_role: str, roles: list[str]) -> list[str]:
         """The tasks to restart together when `failed_role` dies (a launcher's restart policy)."""
@@ -86,30 +97,19 @@ class StrategyConfig(abc.ABC):
         """
         return False
 
-    def prepare_model(self, model: Any) -> Any:
-        """Called on the user's model before it is built (model_parallel places its layers here)."""
-        return model
-
-    def train_step_fn(self, trainer: Any) -> Any:
-        """The per-replica step the loop runs (model_parallel may pipeline it over micro-batches)."""
-        return trainer.train_step
-
-    def prepare_devices(self) -> None:  # noqa: B027 (optional: most strategies need no set-up)
-        """Device set-up that must happen before the TF runtime starts (logical CPUs...)."""
-
-    @abc.abstractmethod
-    def create(self, cluster: ClusterConfig) -> tf.distribute.Strategy:
-        """Builds the strategy; TF_CONFIG is already in the environment."""
-
-    def create_coordinator(self, strategy: tf.distribute.Strategy) -> Any:
-        """A ClusterCoordinator for strategies whose chief schedules work; else None."""
-        return None
-
-
-def _available_gpus() -> list:
-    import tensorflow as tf
-
-    return tf.config.list_physical_devices("GPU")
+    def task_context(self, cluster: ClusterConfig, model_dir: str) -> TaskContext:
+        """What a Trainer of `cluster`'s task may know about it (`Trainer.context`)."""
+        if cluster.is_local or cluster.task_type is None:
+            return TaskContext(model_dir=model_dir, strategy=self.name)
+        trainers = sum(cluster.num_tasks(t) for t in (CHIEF, WORKER) if self.runs_steps(t))
+        return TaskContext(
+            model_dir=model_dir,
+            task_type=cluster.task_type,
+            task_index=cluster.task_id,
+            is_chief=cluster.is_chief,
+            num_workers=max(1, trainers),
+            strategy=self.name,
+        )
 
 
 @gin.configurable("one_device")
@@ -120,12 +120,6 @@ class OneDevice(StrategyConfig):
 
     def __init__(self, device: str | None = None):
         self.device = device
-
-    def create(self, cluster):
-        import tensorflow as tf
-
-        device = self.device or ("/gpu:0" if _available_gpus() else "/cpu:0")
-        return tf.distribute.OneDeviceStrategy(device)
 
 
 @gin.configurable("mirrored")
@@ -139,24 +133,6 @@ class Mirrored(StrategyConfig):
             raise ConfigError(f"mirrored.num_logical_cpus must be >= 1, got {num_logical_cpus}.")
         self.devices = devices
         self.num_logical_cpus = num_logical_cpus
-
-    def prepare_devices(self):
-        import tensorflow as tf
-
-        if self.devices is None and not _available_gpus():
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * self.num_logical_cpus
-            )
-
-    def create(self, cluster):
-        import tensorflow as tf
-
-        devices = self.devices
-        if devices is None:
-            gpus = tf.config.list_logical_devices("GPU")
-            devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
-        return tf.distribute.MirroredStrategy(devices=devices)
 
 
 @gin.configurable("multi_worker_mirrored")
@@ -195,24 +171,6 @@ class MultiWorkerMirrored(StrategyConfig):
         if failed_role.startswith(EVALUATOR):
             return [failed_role]
         return [r for r in roles if r.split(":")[0] in (CHIEF, WORKER)]
-
-    def create(self, cluster):
-        import tensorflow as tf
-
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            communication_options=self.communication_options()
-        )
-
-    def communication_options(self) -> tf.distribute.experimental.CommunicationOptions:
-        """The all-reduce implementation and timeout, from multi_worker_mirrored.* in gin."""
-        import tensorflow as tf
-
-        implementation = getattr(
-            tf.distribute.experimental.CommunicationImplementation, self.communication.upper()
-        )
-        return tf.distribute.experimental.CommunicationOptions(
-            implementation=implementation, timeout_seconds=self.collective_timeout_s
-        )
 
 
 @gin.configurable("parameter_server")
@@ -282,6 +240,10 @@ class ParameterServer(StrategyConfig):
     def launch_layout(self, *, num_workers, num_ps):
         return {CHIEF: 1, WORKER: num_workers, PS: num_ps}
 
+    def runs_steps(self, task_type):
+        # The chief only schedules closures onto the workers; the ps only hold variables.
+        return task_type in (WORKER, EVALUATOR)
+
     def restart_group(self, failed_role, roles):
         # A worker rejoins by itself (the coordinator re-runs its closures elsewhere meanwhile).
         # A coordinator cannot survive a lost ps: chief and ps restart from the last checkpoint.
@@ -291,17 +253,6 @@ class ParameterServer(StrategyConfig):
 
     def survives_loss_of(self, task_type):
         return task_type == WORKER
-
-    def create(self, cluster):
-        import tensorflow as tf
-
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return tf.distribute.experimental.ParameterServerStrategy(resolver)
-
-    def create_coordinator(self, strategy):
-        import tensorflow as tf
-
-        return tf.distribute.coordinator.ClusterCoordinator(strategy)
 
 
 def as_strategy_config(value: Any) -> StrategyConfig:
@@ -338,7 +289,8 @@ class ModelParallel(StrategyConfig):
         replica, gradients all-reduced across workers (configure it with multi_worker_mirrored.*).
       gpu_memory_growth: allocate GPU memory as needed instead of all at start.
       placement_file: JSON of the placement (layers, their variables' devices, bytes per device),
-        written by the chief; a relative path is under --model_dir; None writes none.
+        written by the chief; a relative path is under the task's model_dir (`Trainer.context`);
+        None writes none.
       arithmetic_optimization: Grappler's arithmetic optimizer, process-wide. Off by default:
         on TF 2.21 it rewrites trees of adds inside the step loop into an AddN that becomes a
         TemporaryVariable, and once activations are large (seen at d_model=256, batch 32 x 128
@@ -389,191 +341,42 @@ class ModelParallel(StrategyConfig):
         self.gpu_memory_growth = bool(gpu_memory_growth)
         self.placement_file = placement_file
         self.arithmetic_optimization = bool(arithmetic_optimization)
-        # Synchronous data parallelism over workers comes from multi_worker_mirrored (its gin knobs apply).
-        self._workers = MultiWorkerMirrored() if data_parallel else None
-        self.holds_port_while_waiting = bool(
-            self._workers and self._workers.holds_port_while_waiting
-        )
-        self._devices: list[str] | None = None
-        self._host_device: str | None = None
-        self._is_chief = True
-        self._placement: Any = None
+        #: Synchronous data parallelism over workers comes from multi_worker_mirrored (its gin
+        #: knobs apply); None: one process.
+        self.workers: MultiWorkerMirrored | None = MultiWorkerMirrored() if data_parallel else None
+        self.holds_port_while_waiting = bool(self.workers and self.workers.holds_port_while_waiting)
 
     # -- the cluster: one process, or multi_worker_mirrored's workers -----------------
     def validate(self, cluster):
-        if self._workers:
-            self._workers.validate(cluster)
+        if self.workers:
+            self.workers.validate(cluster)
         else:
             super().validate(cluster)
 
     def peers(self, cluster):
-        return self._workers.peers(cluster) if self._workers else []
+        return self.workers.peers(cluster) if self.workers else []
 
     def launch_layout(self, *, num_workers, num_ps):
         return (
-            self._workers.launch_layout(num_workers=num_workers, num_ps=num_ps)
-            if self._workers
+            self.workers.launch_layout(num_workers=num_workers, num_ps=num_ps)
+            if self.workers
             else {CHIEF: 1}
         )
 
+    def runs_steps(self, task_type):
+        return self.workers.runs_steps(task_type) if self.workers else super().runs_steps(task_type)
+
     def restart_group(self, failed_role, roles):
-        return self._workers.restart_group(failed_role, roles) if self._workers else [failed_role]
+        return self.workers.restart_group(failed_role, roles) if self.workers else [failed_role]
 
-    # -- devices and strategy ------------------------------------------------------------
-    def prepare_devices(self):
-        import tensorflow as tf
-
-        if not self.arithmetic_optimization:
-            tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
-        gpus = _available_gpus()
-        if gpus:
-            if self.gpu_memory_growth:
-                for gpu in gpus:
-                    tf.config.experimental.set_memory_growth(gpu, True)
-            if len(gpus) < self.num_devices:
-                raise ConfigError(
-                    f"model_parallel.num_devices={self.num_devices} but only {len(gpus)} GPU(s) are "
-                    f"visible; lower num_devices or make more GPUs visible."
-                )
-            return
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * self.num_devices
-        )
-
-    def create(self, cluster):
-        import tensorflow as tf
-
-        kind = "GPU" if _available_gpus() else "CPU"
-        self._is_chief = cluster.is_chief
-        if self._workers:
-            strategy = self._create_multi_worker(kind)
-            base = tf.DeviceSpec.from_string(strategy.extended.worker_devices[0])
-            self._devices = [
-                base.replace(device_type=kind, device_index=i).to_string()
-                for i in range(self.num_devices)
-            ]
-            self._host_device = base.replace(device_type="CPU", device_index=0).to_string()
-        else:
-            strategy = tf.distribute.get_strategy()
-            local = tf.config.list_logical_devices(kind)
-            if len(local) < self.num_devices:
-                raise ConfigError(
-                    f"model_parallel.num_devices={self.num_devices} but this process has only "
-                    f"{len(local)} {kind} device(s); lower num_devices."
-                )
-            self._devices = [d.name for d in local[: self.num_devices]]
-            self._host_device = tf.config.list_logical_devices("CPU")[0].name
-        return strategy
-
-    def _create_multi_worker(self, kind: str) -> tf.distribute.Strategy:
-        """MultiWorkerMirroredStrategy with one replica per worker (its first GPU, or its CPU:0).
-
-        A TFConfigClusterResolver makes one replica per local GPU; a SimpleClusterResolver
-        built from it says how many accelerators a worker's replica has.
-        """
-        import tensorflow as tf
-
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        one_replica = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            resolver.cluster_spec(),
-            task_type=resolver.task_type,
-            task_id=resolver.task_id,
-            rpc_layer=resolver.rpc_layer or "grpc",
-            num_accelerators={"GPU": 1} if kind == "GPU" else {},
-        )
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=one_replica,
-            communication_options=self._workers.communication_options(),
-        )
-
-    # -- the model and the step ------------------------------------------------------------
-    def _log(self, line: str) -> None:
-        from absl import logging
-
-        if self._is_chief:
-            logging.info("%s", line)
-        else:
-            logging.vlog(1, "%s", line)
-
-    def prepare_model(self, model):
-        from tfdist_trainer import placement as placement_lib
-
-        if self._devices is None:
-            raise ConfigError(
-                "model_parallel.prepare_model ran before create(); the runner must create the "
-                "strategy first."
-            )
-        self._placement = placement_lib.Placement(
-            model, self.plan, self._devices, host_device=self._host_device, log=self._log
-        )
-        return self._placement.apply()
-
-    def train_step_fn(self, trainer):
-        from absl import logging
-
-        from tfdist_trainer import placement as placement_lib
-        from tfdist_trainer import variables
-
-        placement = self._placement
-        if placement is None or placement.model is not trainer.model:
-            raise ConfigError(
-                "model_parallel.train_step_fn needs the model prepared by model_parallel.prepare_model."
-            )
-        if (
-            not placement.finalized
-        ):  # the model was never called eagerly: place it now (before any step)
-            placement.finalize()
-        for path, actual, wanted in placement.misplaced():
-            logging.warning(
-                "model_parallel: variable %s is on %s, not on its planned device %s",
-                path,
-                actual,
-                wanted,
-            )
-        path = self._placement_path()
-        if path and self._is_chief:
-            variables.write_report(
-                path,
-                placement.report(
-                    optimizer=trainer.optimizer,
-                    extra={
-                        "num_micro_batches": self.num_micro_batches,
-                        "data_parallel": self.data_parallel,
-                    },
-                ),
-            )
-            self._log(f"model_parallel placement written to {path}")
-        last = placement.units[-1] if placement.units else None
-        loss_device = (
-            self._devices[last.index] if last is not None and last.index is not None else None
-        )
-        if self.num_micro_batches > 1:
-            self._log(
-                f"model_parallel pipelines each replica batch over {self.num_micro_batches} micro-batches"
-            )
-        return placement_lib.make_train_step(
-            trainer,
-            num_micro_batches=self.num_micro_batches,
-            loss_device=loss_device,
-            log=self._log,
-        )
-
-    def _placement_path(self) -> str | None:
-        import os
-
-        from tfdist_trainer import storage
-
+    def placement_path(self, model_dir: str | None) -> str | None:
+        """Where the chief writes the placement report: `placement_file`, under `model_dir` when relative."""
         if not self.placement_file:
             return None
         if os.path.isabs(self.placement_file) or "://" in self.placement_file:
             return self.placement_file
-        model_dir = None
-        try:
-            from absl import flags
+        if not model_dir:
+            return None
+        from tfdist_trainer import storage
 
-            if flags.FLAGS.is_parsed() and "model_dir" in flags.FLAGS:
-                model_dir = flags.FLAGS.model_dir
-        except Exception:  # noqa: BLE001 - no absl flags in this process (a library user): no file
-            model_dir = None
-        return storage.join(model_dir, self.placement_file) if model_dir else None
+        return storage.join(model_dir, self.placement_file)

@@ -17,15 +17,13 @@ shape).
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import gin
 import keras
 import tensorflow as tf
-from absl import flags, logging
+from absl import logging
 
 from recipes.sharded_embedding import data as click_data
 from tfdist_trainer import Trainer, layers, storage, variables
@@ -40,24 +38,6 @@ def _per_feature(name: str, value: Any, count: int) -> list:
             )
         return list(value)
     return [value] * count
-
-
-def _is_chief() -> bool:
-    """Whether this task writes reports: the chief, a lone process, or worker 0 of a chief-less cluster."""
-    try:
-        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    except ValueError:
-        return True
-    task = config.get("task") or {}
-    if not task.get("type"):
-        return True
-    if task["type"] == "chief":
-        return True
-    return (
-        task["type"] == "worker"
-        and int(task.get("index", 0)) == 0
-        and "chief" not in config.get("cluster", {})
-    )
 
 
 @gin.configurable
@@ -78,7 +58,8 @@ class ClickTrainer(Trainer):
       criteo_train_files / criteo_eval_files: glob patterns of Criteo TSV files.
       synthetic_seed: fixes the hidden click model of the synthetic data.
       eval_batches: synthetic evaluation batches (fixed examples, the same in every run).
-      report_dir: where placement.json / step_graph.json go; None: --model_dir.
+      report_dir: where placement.json / step_graph.json go; None: the run's model_dir
+        (`self.context`; none outside a run).
       step_report: also write step_graph.json when the training step is traced.
     """
 
@@ -248,7 +229,7 @@ class ClickTrainer(Trainer):
     # -- step ----------------------------------------------------------------
     def train_step(self, batch):
         loss = super().train_step(batch)
-        if self.step_report and not self._step_report_written and _is_chief():
+        if self.step_report and not self._step_report_written and self._is_chief():
             self._report_step_graph(tf.compat.v1.get_default_graph())
         return loss
 
@@ -259,18 +240,14 @@ class ClickTrainer(Trainer):
         self._step_report_written = True
 
     # -- reports -------------------------------------------------------------
+    def _is_chief(self) -> bool:
+        """Whether this task writes reports: the chief (or a lone process, outside a run)."""
+        return self.context is None or self.context.is_chief
+
     def _report_dir(self) -> str | None:
         if self.report_dir:
             return self.report_dir
-        # Workaround until the runner hands the model_dir to the Trainer.
-        try:
-            return (
-                flags.FLAGS.model_dir
-                if flags.FLAGS.is_parsed() and "model_dir" in flags.FLAGS
-                else None
-            )
-        except AttributeError:
-            return None
+        return self.context.model_dir if self.context is not None else None
 
     def _write_report(self, name: str, payload: Any) -> None:
         directory = self._report_dir()
@@ -278,7 +255,7 @@ class ClickTrainer(Trainer):
             variables.write_report(storage.join(directory, name), payload)
 
     def _report_placement(self, model: keras.Model) -> None:
-        if not _is_chief():
+        if not self._is_chief():
             return
         logging.info("variable placement:\n%s", layers.placement_table(model))
         self._write_report("placement.json", layers.placement_records(model))

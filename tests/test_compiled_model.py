@@ -1,0 +1,257 @@
+"""A compiled Keras model trained through `tfdist-train`: KerasTrainer in gin, no Trainer subclass.
+
+The user module (written to a temporary directory, as a user would) has a
+two-output model compiled with per-output losses, `loss_weights`, metrics
+per output and an L2 regularizer, and data with sample weights. After one SGD
+step under one_device and under mirrored (2 replicas on logical CPUs), the
+weights both runs checkpointed are the ones computed here by hand from the
+mean over the *global* batch: the compiled loss is not averaged per replica.
+Misconfigurations end in one sentence and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import clusterlib
+import numpy as np
+import pytest
+from clusterlib import read_records, strategy_gin, train_cmd
+
+LEARNING_RATE = 0.5
+GLOBAL_BATCH = 8
+TIMEOUT_S = 180
+
+USER_MODULE = textwrap.dedent('''
+    """A Keras user's model and data: nothing here knows about strategies."""
+
+    import gin
+    import keras
+    import tensorflow as tf
+
+    DIM = 6
+
+
+    @gin.configurable
+    def two_head_model(learning_rate=0.5, l2=0.01):
+        inputs = keras.Input((DIM,), name="x")
+        hidden = keras.layers.Dense(
+            8, activation="tanh", name="hidden",
+            kernel_initializer=keras.initializers.GlorotUniform(seed=1),
+            kernel_regularizer=keras.regularizers.L2(l2),
+        )(inputs)
+        cls = keras.layers.Dense(3, name="cls", kernel_initializer=keras.initializers.GlorotUniform(seed=2))(hidden)
+        reg = keras.layers.Dense(1, name="reg", kernel_initializer=keras.initializers.GlorotUniform(seed=3))(hidden)
+        model = keras.Model(inputs, {"cls": cls, "reg": reg})
+        model.compile(
+            optimizer=keras.optimizers.SGD(learning_rate),
+            loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+            loss_weights={"cls": 1.0, "reg": 0.5},
+            metrics={"cls": ["accuracy"], "reg": ["mae"]},
+        )
+        return model
+
+
+    def examples(first, count):
+        """Example i: a fixed random point, a class, a target and a sample weight (0.5, 1, 1.5 or 2)."""
+        def make(i):
+            x = tf.random.stateless_normal([DIM], seed=tf.stack([i, tf.constant(3, tf.int64)]))
+            labels = {"cls": i % 3, "reg": tf.reduce_sum(x)[None]}
+            weight = 0.5 + tf.cast(i % 4, tf.float32) * 0.5
+            return x, labels, weight
+        return tf.data.Dataset.range(first, first + count).map(make)
+
+
+    @gin.configurable
+    def train_data(input_context, batch_size):
+        # No shuffle: one_device's first batch is the two mirrored replicas' batches together.
+        return examples(0, 64).repeat().batch(batch_size, drop_remainder=True)
+
+
+    @gin.configurable
+    def eval_data(input_context, batch_size):
+        return examples(1000, 40).batch(batch_size)
+
+
+    @gin.configurable
+    def uncompiled_model():
+        return keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(1)])
+
+
+    class FitStepModel(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+
+    @gin.configurable
+    def model_with_fit_step():
+        inputs = keras.Input((DIM,))
+        model = FitStepModel(inputs, {"cls": keras.layers.Dense(3)(inputs), "reg": keras.layers.Dense(1)(inputs)})
+        model.compile(optimizer="sgd", loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
+        return model
+''')
+
+# A mistake Keras users make: the optimizer made at import time, outside any strategy's scope.
+EARLY_OPTIMIZER_MODULE = textwrap.dedent("""
+    import gin
+    import keras
+
+    import two_heads
+
+    OPTIMIZER = keras.optimizers.SGD(0.1)
+
+
+    @gin.configurable
+    def model_with_early_optimizer():
+        model = two_heads.two_head_model()
+        model.compile(optimizer=OPTIMIZER, loss={"cls": "sparse_categorical_crossentropy", "reg": "mse"})
+        return model
+""")
+
+EXPERIMENT_GIN = textwrap.dedent(f"""
+    import tfdist_trainer.keras_trainer
+    import two_heads
+
+    train.trainer_cls = @KerasTrainer
+    train.train_steps = 1
+    train.log_every_n_steps = 1
+    train.seed = 1
+    KerasTrainer.model_fn = @two_head_model
+    KerasTrainer.train_data_fn = @train_data
+    KerasTrainer.eval_data_fn = @eval_data
+    Trainer.global_batch_size = {GLOBAL_BATCH}
+    two_head_model.learning_rate = {LEARNING_RATE}
+""")
+
+
+@pytest.fixture
+def user_project(tmp_path):
+    (tmp_path / "two_heads.py").write_text(USER_MODULE)
+    (tmp_path / "experiment.gin").write_text(EXPERIMENT_GIN)
+    (tmp_path / "early_optimizer.py").write_text(EARLY_OPTIMIZER_MODULE)
+    return tmp_path
+
+
+def train(project, strategy: str, model_dir: str, *bindings: str, extra: tuple[str, ...] = ()):
+    env = clusterlib.base_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(project), env["PYTHONPATH"]])
+    args = [
+        *extra,
+        "--gin_file=experiment.gin",
+        strategy_gin(strategy),
+        f"--model_dir={model_dir}",
+        *(f"--gin_bindings={b}" for b in bindings),
+    ]
+    return clusterlib.run(train_cmd(*args), env=env, cwd=str(project), timeout=TIMEOUT_S)
+
+
+def expected_first_step(project) -> tuple[float, list[np.ndarray]]:
+    """The loss and weights after one SGD step on the first global batch, computed here by hand."""
+    import tensorflow as tf
+
+    sys.path.insert(0, str(project))
+    try:
+        import two_heads
+    finally:
+        sys.path.remove(str(project))
+    model = two_heads.two_head_model(learning_rate=LEARNING_RATE)
+    x, labels, weight = next(iter(two_heads.examples(0, GLOBAL_BATCH).batch(GLOBAL_BATCH)))
+    with tf.GradientTape() as tape:
+        out = model(x, training=True)
+        ce = tf.keras.losses.sparse_categorical_crossentropy(
+            labels["cls"], out["cls"], from_logits=True
+        )
+        mse = tf.reduce_mean(tf.square(labels["reg"] - out["reg"]), axis=-1)
+        l2 = 0.01 * tf.reduce_sum(tf.square(model.get_layer("hidden").kernel))
+        # Mean over the global batch of the weighted losses ("sum_over_batch_size"), loss_weights 1 and 0.5.
+        loss = (
+            tf.reduce_sum(weight * ce) / GLOBAL_BATCH
+            + 0.5 * tf.reduce_sum(weight * mse) / GLOBAL_BATCH
+            + l2
+        )
+    grads = tape.gradient(loss, model.trainable_variables)
+    before = [v.numpy() for v in model.trainable_variables]
+    after = [w - LEARNING_RATE * g.numpy() for w, g in zip(before, grads)]
+    return float(loss), before, after
+
+
+def checkpointed_weights(project, model_dir: str) -> list[np.ndarray]:
+    import tensorflow as tf
+
+    sys.path.insert(0, str(project))
+    try:
+        import two_heads
+    finally:
+        sys.path.remove(str(project))
+    model = two_heads.two_head_model()
+    tf.train.Checkpoint(model=model).read(tf.train.latest_checkpoint(model_dir)).expect_partial()
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def test_first_step_under_one_device_and_two_mirrored_replicas_is_the_global_batch_mean(
+    user_project,
+):
+    expected_loss, before, after = expected_first_step(user_project)
+    for strategy in ("one_device", "mirrored"):
+        model_dir = str(user_project / strategy)
+        result = train(user_project, strategy, model_dir)
+        assert result.returncode == 0, result.stdout[-6000:]
+        if strategy == "mirrored":
+            assert "strategy mirrored with 2 replica(s) in sync" in result.stdout
+        records = read_records(model_dir)
+        first = next(r for r in records if r["kind"] == "train")
+        assert first["step"] == 1
+        # The loss of the step: per-output losses, loss_weights, sample weights, L2, all global means.
+        assert first["loss"] == pytest.approx(expected_loss, rel=1e-5), (strategy, first)
+        # Compiled metrics per output, train and eval.
+        assert {"cls_accuracy", "reg_mae"} <= set(first), first
+        evals = [r for r in records if r["kind"] == "eval"]
+        assert evals and {"eval_loss", "eval_cls_accuracy", "eval_reg_mae"} <= set(evals[-1])
+        weights = checkpointed_weights(user_project, model_dir)
+        for got, want, init in zip(weights, after, before):
+            assert not np.allclose(want, init)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=strategy)
+
+
+@pytest.mark.parametrize(
+    "strategy, bindings, extra, message",
+    [
+        (
+            "mirrored",
+            ["KerasTrainer.model_fn=None"],
+            (),
+            "KerasTrainer.model_fn is not set; bind it in gin, e.g. KerasTrainer.model_fn = @my_model.",
+        ),
+        (
+            "mirrored",
+            ["KerasTrainer.model_fn=@uncompiled_model"],
+            (),
+            "KerasTrainer.model_fn (uncompiled_model) returned a model that is not compiled; call "
+            "model.compile(optimizer=..., loss=..., metrics=[...]) before returning it.",
+        ),
+        (
+            "one_device",
+            ["KerasTrainer.model_fn=@model_with_early_optimizer"],
+            ("--module=early_optimizer",),
+            "the optimizer 'sgd' given to model.compile() was created outside the strategy's scope, so "
+            "its variables are not distributed",
+        ),
+        (
+            "mirrored",
+            ["KerasTrainer.model_fn=@model_with_fit_step"],
+            (),
+            "FitStepModel overrides keras.Model.train_step, which only model.fit calls; move its body "
+            "into KerasTrainer.train_step",
+        ),
+    ],
+    ids=["unset", "uncompiled", "optimizer_outside_scope", "fit_train_step"],
+)
+def test_a_misconfigured_compiled_model_is_one_sentence_and_exit_2(
+    user_project, strategy, bindings, extra, message
+):
+    result = train(user_project, strategy, str(user_project / "run"), *bindings, extra=extra)
+    assert result.returncode == 2, result.stdout[-4000:]
+    assert message in result.stdout, result.stdout[-4000:]
+    assert "Traceback" not in result.stdout
