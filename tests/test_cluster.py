@@ -213,6 +213,20 @@ def test_to_tf_config_removes_the_evaluator_for_trainers_only():
     assert "environment" not in evaluator
 
 
+def test_tf_config_text_is_the_one_writer_launcher_and_kubernetes_forms():
+    cluster = dict(CLUSTER, evaluator=["host4:2222"])
+    # tfdist-launch's form: the evaluator stays in the cluster, as Kubeflow writes it.
+    text = cluster_lib.tf_config_text(cluster, "worker", 1)
+    assert json.loads(text) == {"cluster": cluster, "task": {"type": "worker", "index": 1}}
+    parsed = from_tf_config(text)
+    assert (parsed.task_type, parsed.task_id, parsed.num_tasks("evaluator")) == ("worker", 1, 1)
+    assert json.loads(parsed.to_tf_config())["cluster"] == CLUSTER
+    # The Kubernetes form: an index Kubernetes expands later, written where the number goes.
+    template = cluster_lib.tf_config_text(CLUSTER, "ps", "$(TASK_INDEX)")
+    assert '"index": $(TASK_INDEX)}' in template
+    assert json.loads(template.replace("$(TASK_INDEX)", "0"))["task"] == {"type": "ps", "index": 0}
+
+
 def test_to_tf_config_normalizes_master_to_chief():
     config = from_tf_config(_tf_config({"MASTER": ["h:1"], "worker": ["h:2"]}, "MASTER", 0))
     out = json.loads(config.to_tf_config())

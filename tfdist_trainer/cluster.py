@@ -119,14 +119,44 @@ class ClusterConfig:
             if self.task_type != EVALUATOR
             else {t: list(a) for t, a in self.cluster.items()}
         )
-        config = {
-            "cluster": cluster,
-            "task": {"type": self.task_type, "index": self.task_id},
-            "rpc_layer": self.rpc_layer,
-        }
-        if self.environment:
-            config["environment"] = self.environment
-        return json.dumps(config)
+        return tf_config_text(
+            cluster,
+            self.task_type,
+            self.task_id,
+            rpc_layer=self.rpc_layer,
+            environment=self.environment,
+        )
+
+
+#: Stands for a task index that is not a number yet (a Kubernetes "$(TASK_INDEX)").
+_INDEX_PLACEHOLDER = "__tfdist_task_index__"
+
+
+def tf_config_text(
+    cluster: Mapping[str, Sequence[str]],
+    task_type: str,
+    index: int | str,
+    *,
+    rpc_layer: str | None = None,
+    environment: str | None = None,
+) -> str:
+    """The TF_CONFIG JSON of one task of `cluster`, the one place that writes it.
+
+    `cluster` is written as given (an evaluator stays in it, as Kubeflow's
+    TFJob writes it; `ClusterConfig.to_tf_config` removes it for TensorFlow).
+    `index` may be a string such as ``$(TASK_INDEX)`` that a later step
+    expands; it is written unquoted, where the number goes.
+    """
+    task = {"type": task_type, "index": index if isinstance(index, int) else _INDEX_PLACEHOLDER}
+    config: dict = {"cluster": {t: list(a) for t, a in cluster.items()}, "task": task}
+    if rpc_layer is not None:
+        config["rpc_layer"] = rpc_layer
+    if environment:
+        config["environment"] = environment
+    text = json.dumps(config)
+    if not isinstance(index, int):
+        text = text.replace(json.dumps(_INDEX_PLACEHOLDER), index)
+    return text
 
 
 # -- parsing -----------------------------------------------------------------

@@ -41,7 +41,15 @@ from typing import Any
 import yaml
 
 from tfdist_trainer import errors
-from tfdist_trainer.cluster import CHIEF, EVALUATOR, PS, WORKER, ClusterConfig, ClusterConfigError
+from tfdist_trainer.cluster import (
+    CHIEF,
+    EVALUATOR,
+    PS,
+    WORKER,
+    ClusterConfig,
+    ClusterConfigError,
+    tf_config_text,
+)
 
 FLAVORS = ("tfjob", "indexed")
 DEFAULT_PORT = 2222
@@ -367,10 +375,7 @@ def manifests(
                     },
                 }
             )
-            tf_config = (
-                f'{{"cluster": {json.dumps(cluster)}, '
-                f'"task": {{"type": {json.dumps(task_type)}, "index": $(TASK_INDEX)}}}}'
-            )
+            tf_config = tf_config_text(cluster, task_type, "$(TASK_INDEX)")
             env.append({"name": "TF_CONFIG", "value": tf_config})
         job_spec: dict[str, Any] = {
             "completionMode": "Indexed",

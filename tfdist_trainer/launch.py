@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -37,6 +36,7 @@ import time
 from absl import app, flags
 
 from tfdist_trainer import storage
+from tfdist_trainer.cluster import tf_config_text
 from tfdist_trainer.errors import EXIT_CONFIG, ConfigError, exit_code, is_retryable
 
 FLAGS = flags.FLAGS
@@ -275,10 +275,8 @@ class LocalCluster:
     def _spawn(self, task: LocalTask) -> None:
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
-        if self.cluster:
-            env["TF_CONFIG"] = json.dumps(
-                {"cluster": self.cluster, "task": {"type": task.task_type, "index": task.index}}
-            )
+        if self.cluster:  # the evaluator stays in it, as in Kubeflow's TF_CONFIG
+            env["TF_CONFIG"] = tf_config_text(self.cluster, task.task_type, task.index)
         env.setdefault("GRPC_FAIL_FAST", "use_caller")
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ info lines drown the roles' progress
