@@ -22,6 +22,7 @@ from absl import logging
 
 from tfdist_trainer import hooks as hooks_lib
 from tfdist_trainer import loops, markers, storage, strategy_runtime
+from tfdist_trainer import warm_start as warm_start_lib
 from tfdist_trainer.checkpoints import Checkpointer
 from tfdist_trainer.cluster import WORKER, ClusterConfig
 from tfdist_trainer.errors import ClusterStalledError, ConfigError, Preempted
@@ -271,7 +272,14 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
         global_step=global_step,
         keep=experiment.keep_checkpoints,
     )
-    checkpointer.restore()
+    warm_start_lib.warm_start_or_resume(
+        experiment.warm_start,
+        trainer,
+        restored_step=checkpointer.restore(),
+        model_dir=model_dir,
+        is_chief=cluster.is_chief,
+        scope=strategy.scope,
+    )
     if cluster.is_chief:
         log_placement(trainer)
     # Synchronous workers take every decision together (a collective max over their votes).

@@ -12,6 +12,7 @@ from typing import Any
 import gin
 
 from tfdist_trainer import hooks as hooks_lib
+from tfdist_trainer import warm_start as warm_start_lib
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.strategies import OneDevice, StrategyConfig, as_strategy_config
 
@@ -36,6 +37,8 @@ class Experiment:
       jit_compile: compile each replica's train step with XLA.
       mixed_precision: None, 'mixed_bfloat16' or 'mixed_float16' (the latter with dynamic loss
         scaling: the optimizer is wrapped in keras.optimizers.LossScaleOptimizer).
+      warm_start: None, or @WarmStart(): a fresh model_dir starts from another run's weights
+        (see tfdist_trainer/warm_start.py).
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class Experiment:
         seed: int | None = None,
         jit_compile: bool = False,
         mixed_precision: str | None = None,
+        warm_start: Any = None,
     ):
         if trainer_cls is None:
             raise ConfigError(
@@ -105,6 +109,7 @@ class Experiment:
             eval_every_n_steps=eval_every_n_steps,
         ) + hooks_lib.as_hooks(extra_hooks)
         self.seed = seed
+        self.warm_start = warm_start_lib.as_warm_start(warm_start)
 
 
 def _is_trainer(cls: type) -> bool:

@@ -17,6 +17,7 @@ checks its flags, and the launcher plans its tasks, before TF starts).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import posixpath
 import threading
@@ -171,6 +172,66 @@ def write_text(path: str, text: str) -> None:
 def _has_atomic_move(path: str) -> bool:
     # Not tensorflow's file_io.has_atomic_move: on TF 2.21 it answers True for gs:// too.
     return not path.startswith(_OBJECT_STORES)
+
+
+def rename(src: str, dst: str, *, overwrite: bool = False) -> None:
+    """Renames a file or a directory (atomic where the file system renames atomically)."""
+    with _one_line(src):
+        _gfile(src).rename(src, dst, overwrite=overwrite)
+
+
+def has_atomic_rename(path: str) -> bool:
+    """Whether a rename under `path` is atomic (local disk, ``file://``, ``hdfs://``, ``ram://``),
+    not a copy and a delete (``gs://``, ``s3://``)."""
+    return _has_atomic_move(path)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str):
+    """Yields a directory to fill; when the block ends without an error its content is at `path`.
+
+    Where renames are atomic the content is written into a uniquely named
+    ``.tmp-*`` sibling that is renamed to `path` at the end (an existing
+    `path` is replaced), so a reader sees the whole directory or none of it.
+    On an object store a directory rename would copy every object, so the
+    block writes into `path` itself: the caller then writes a small file last
+    as the commit mark, and readers skip a directory without it. A block that
+    fails leaves nothing behind.
+    """
+    atomic = _has_atomic_move(path)
+    target = (
+        join(dirname(path), f".tmp-{posixpath.basename(path)}-{uuid.uuid4().hex[:12]}")
+        if atomic
+        else path
+    )
+    if not atomic:
+        rmtree(path)
+    makedirs(target)
+    try:
+        yield target
+        if atomic:
+            if exists(path):
+                rmtree(path)
+            rename(target, path)
+    except BaseException:
+        rmtree(target)
+        raise
+
+
+def read_json(path: str):
+    """The JSON value stored at `path`, or None when the file is missing or torn."""
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
+def write_json(path: str, value) -> None:
+    """Replaces `path` with `value` as JSON, atomically (see write_text)."""
+    write_text(path, json.dumps(value, indent=1, sort_keys=True) + "\n")
 
 
 def remove(path: str) -> None:

@@ -261,3 +261,46 @@ def compiled_metrics(model: Any, y_true: Any, y_pred: Any) -> Any:
     )
     copy.build(y_true, y_pred)
     return copy
+
+
+# -- warm start -------------------------------------------------------------------
+
+
+def checkpoint_variable_names(prefix: str, child: str | None = None) -> dict[str, str]:
+    """{checkpoint key: the variable's name when it was saved} for the variables of a TF2 checkpoint.
+
+    With `child`, only the variables reachable from that child of the saved
+    root (``model`` in the Checkpointer's layout), not the optimizer's slots.
+
+    A `tf.train.Checkpoint` names a value by its first place in the object
+    graph (``model/_functional/_operations/1/_kernel/...``, or even
+    ``optimizer/_trainable_variables/0/...``), which changes with the model's
+    structure; the variable's own name (for Keras 3, its `.path`,
+    ``sequential/dense/kernel``) and the graph's edges are kept only in the
+    serialized `TrackableObjectGraph` proto under the reader's
+    ``_CHECKPOINTABLE_OBJECT_GRAPH`` key. `tf.train.list_variables` returns keys
+    and shapes only, so there is no public way to read them; warm start matches
+    variables by these names.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    reader = tf.train.load_checkpoint(prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    if child is None:
+        reachable = set(range(len(graph.nodes)))
+    else:
+        roots = [c.node_id for c in graph.nodes[0].children if c.local_name == child]
+        reachable, stack = set(roots), list(roots)
+        while stack:
+            for c in graph.nodes[stack.pop()].children:
+                if c.node_id not in reachable:
+                    reachable.add(c.node_id)
+                    stack.append(c.node_id)
+    return {
+        attribute.checkpoint_key: attribute.full_name.removesuffix(":0")
+        for node_id in sorted(reachable)
+        for attribute in graph.nodes[node_id].attributes
+        if attribute.name == "VARIABLE_VALUE"
+    }
