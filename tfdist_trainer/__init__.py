@@ -12,6 +12,8 @@ _LAZY = {
     "Trainer": ("tfdist_trainer.trainer", "Trainer"),
     "Experiment": ("tfdist_trainer.experiment", "Experiment"),
     "shard": ("tfdist_trainer.data", "shard"),
+    "KerasTrainer": ("tfdist_trainer.keras_trainer", "KerasTrainer"),
+    "train": ("tfdist_trainer.api", "train"),
 }
 
 __all__ = sorted(_LAZY)

@@ -7,6 +7,7 @@ import os
 import sys
 import tokenize
 from collections.abc import Sequence
+from typing import Any
 
 import gin
 
@@ -80,9 +81,16 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str]) -> None:
 
 
 def load_experiment(
-    gin_files: Sequence[str], gin_bindings: Sequence[str], modules: Sequence[str] = ()
+    gin_files: Sequence[str],
+    gin_bindings: Sequence[str],
+    modules: Sequence[str] = (),
+    **overrides: Any,
 ):
-    """Imports, parses and builds the gin-configured Experiment (``train.*``)."""
+    """Imports, parses and builds the gin-configured Experiment (``train.*``).
+
+    `overrides` are Experiment arguments given in Python (the Python entry
+    point's `trainer_cls`); they win over gin.
+    """
     check_gin_files(gin_files)
     # Registers the package's own configurables (strategies, Trainer) before parsing.
     from tfdist_trainer import experiment
@@ -90,7 +98,7 @@ def load_experiment(
     import_modules(modules)
     parse_gin(gin_files, gin_bindings)
     try:
-        return experiment.Experiment()
+        return experiment.Experiment(**overrides)
     except (ValueError, TypeError) as e:
         message = str(e).strip().splitlines()[0]
         raise ConfigError(message) from None

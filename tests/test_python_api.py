@@ -1,0 +1,156 @@
+"""`tfdist_trainer.train(...)`: a run from Python (a notebook, a script) through the CLI's run layer.
+
+The runs happen in a fresh Python process, as in a notebook: one script trains
+the compiled-model recipe under mirrored from gin files, calls `train` again
+on the same model_dir (it resumes, as the CLI does), then trains a Trainer
+class passed as a Python object under one_device. Strategies that need one
+process per task, and a TF_CONFIG naming a cluster, are refused before
+TensorFlow starts a strategy, with a ConfigError that names the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from clusterlib import REPO, base_env, read_records
+
+import tfdist_trainer
+from tfdist_trainer.errors import ConfigError
+
+SMALL = [
+    "train.log_every_n_steps=10",
+    "mnist_model.filters=(4, 8)",
+    "mnist_model.dense_units=16",
+    "mnist_split.data_source='digits'",
+]
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import keras, tensorflow as tf
+    import tfdist_trainer
+
+    model_dir = sys.argv[1]
+    results = {}
+    gin_files = ["configs/keras_mnist.gin", "configs/strategies/mirrored.gin"]
+    small = json.loads(sys.argv[2])
+    results["first"] = tfdist_trainer.train(
+        gin_files=gin_files, gin_bindings=small + ["train.train_steps=20"], model_dir=model_dir + "/mnist")
+    results["resumed"] = tfdist_trainer.train(
+        gin_files=gin_files, gin_bindings=small + ["train.train_steps=30"], model_dir=model_dir + "/mnist")
+
+
+    class Tiny(tfdist_trainer.Trainer):  # not registered with gin: passed as a Python class
+        def build_model(self):
+            return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+        def build_train_dataset(self, input_context):
+            x = tf.random.stateless_normal([64, 3], seed=[1, 2])
+            y = tf.reduce_sum(x, axis=1, keepdims=True)
+            return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(
+                self.per_replica_batch_size(input_context))
+
+        def compute_loss(self, labels, predictions):
+            return tf.reduce_mean(tf.square(labels - predictions), axis=-1)
+
+
+    results["tiny"] = tfdist_trainer.train(
+        Tiny, gin_bindings=["train.train_steps=15", "train.strategy=@one_device", "Trainer.global_batch_size=16"],
+        model_dir=model_dir + "/tiny")
+    print(json.dumps(results))
+""")
+
+
+def test_train_from_python_resumes_and_takes_a_trainer_class(tmp_path):
+    script = tmp_path / "notebook.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), json.dumps(SMALL)],
+        cwd=REPO,
+        env=base_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    first, resumed, tiny = results["first"], results["resumed"], results["tiny"]
+    assert first["step"] == 20 and {"loss", "accuracy", "eval_loss", "eval_accuracy"} <= set(first)
+    assert resumed["step"] == 30  # resumed from ckpt-20: 10 more steps, as tfdist-train would
+    assert "strategy mirrored with 2 replica(s) in sync" in proc.stdout
+    records = read_records(str(tmp_path / "mnist"))
+    assert [r["step"] for r in records if r["kind"] == "train"] == [10, 20, 30]
+    with open(tmp_path / "mnist" / "training_done") as f:
+        assert "30" in f.read()
+    assert tiny["step"] == 15 and tiny["loss"] >= 0
+    assert os.path.exists(tmp_path / "tiny" / "ckpt-15.index")
+
+
+@pytest.mark.parametrize(
+    "strategy, tasks",
+    [
+        ("multi_worker_mirrored", "worker tasks"),
+        ("parameter_server", "chief, worker, ps tasks"),
+        ("model_parallel", "worker tasks"),
+    ],
+)
+def test_a_strategy_of_several_processes_is_refused(tmp_path, strategy, tasks):
+    bindings = (
+        ["model_parallel.data_parallel='multi_worker_mirrored'"]
+        if strategy == "model_parallel"
+        else []
+    )
+    with pytest.raises(ConfigError) as raised:
+        tfdist_trainer.train(
+            gin_files=[
+                f"{REPO}/configs/keras_mnist.gin",
+                f"{REPO}/configs/strategies/{strategy}.gin",
+            ],
+            gin_bindings=bindings,
+            model_dir=str(tmp_path / "run"),
+        )
+    assert str(raised.value) == (
+        f"strategy {strategy} needs one process per cluster task ({tasks}), but tfdist_trainer.train "
+        f"trains in this one process; pick one_device, mirrored or model_parallel, or start the job "
+        f"with tfdist-launch (or tfdist-train on each task)."
+    )
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_tf_config_cluster_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {
+                "cluster": {"chief": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]},
+                "task": {"type": "chief", "index": 0},
+            }
+        ),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^TF_CONFIG names a cluster \(chief, worker\), but "
+        r"tfdist_trainer.train trains in this one process; unset TF_CONFIG",
+    ):
+        tfdist_trainer.train(gin_files=[f"{REPO}/configs/keras_mnist.gin"], model_dir=str(tmp_path))
+
+
+def test_bad_arguments_are_one_sentence(tmp_path):
+    with pytest.raises(ConfigError, match=r"^tfdist_trainer.train needs model_dir=\.\.\."):
+        tfdist_trainer.train(gin_files=[f"{REPO}/configs/keras_mnist.gin"], model_dir="")
+    with pytest.raises(ConfigError, match=r"^gin file nowhere.gin does not exist"):
+        tfdist_trainer.train(gin_files=["nowhere.gin"], model_dir=str(tmp_path))
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match=r"is a file, not a directory; pick another path\.$"):
+        tfdist_trainer.train(
+            gin_files=[f"{REPO}/configs/keras_mnist.gin"], model_dir=str(tmp_path / "a_file")
+        )
+    with pytest.raises(
+        ConfigError, match=r"^train.trainer_cls must be a subclass of tfdist_trainer.Trainer"
+    ):
+        tfdist_trainer.train(dict, gin_files=[], model_dir=str(tmp_path / "x"))

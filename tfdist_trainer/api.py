@@ -1,0 +1,103 @@
+"""`tfdist_trainer.train(...)`: one training run in this Python process (a notebook, a script).
+
+The same run as `tfdist-train` on a lone machine: the same gin files and
+bindings (`train.*`, `Trainer.*`, the strategy's), loaded by the same
+`config.load_experiment`, validated by the same strategy topology, trained by
+the same `controller.run_training`, with the same files under model_dir. Only
+the strategies that run in one process are accepted (one_device, mirrored,
+model_parallel without data_parallel); the others need one process per task,
+which `tfdist-launch` (or `tfdist-train` on each task) starts.
+
+Importing this module starts no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tfdist_trainer.errors import ConfigError
+
+
+def train(
+    trainer_cls: type | None = None,
+    *,
+    model_dir: str | os.PathLike,
+    gin_files: Sequence[str] = (),
+    gin_bindings: Sequence[str] = (),
+    modules: Sequence[str] = (),
+    log_level: str | None = "info",
+) -> dict[str, Any]:
+    """Trains in this process as configured in gin; returns the final step and metrics.
+
+    Args:
+      trainer_cls: the Trainer subclass to train; None takes gin's `train.trainer_cls`
+        (e.g. `@KerasTrainer` with `KerasTrainer.model_fn` for a compiled model).
+      model_dir: checkpoints, metrics.jsonl, summaries (a local path, gs://..., ram://...).
+        A model_dir that holds a checkpoint resumes from it, as with the CLI.
+      gin_files: gin files, later ones win (e.g. a recipe's, then configs/strategies/mirrored.gin).
+      gin_bindings: bindings such as "train.train_steps=100", applied after the files.
+      modules: modules to import before parsing gin (the CLI's --module).
+      log_level: absl's verbosity for the run ("info" shows progress, "warning" only problems);
+        None leaves it as it is.
+
+    Returns:
+      {"step": the final global step, the last train metrics ("loss", ...), the last
+      evaluation ("eval_loss", "eval_accuracy", ...) when there was one}.
+
+    Raises:
+      ConfigError: a bad gin configuration or model_dir, a TF_CONFIG naming a cluster, or a
+        strategy that needs several processes (multi_worker_mirrored, parameter_server,
+        model_parallel with data_parallel). Errors of the run itself propagate as with the
+        CLI (e.g. NonFiniteLossError); none of them exits the interpreter.
+
+    Gin's configuration is global: each call clears it and parses its own files. TensorFlow's
+    devices are fixed when it first starts in a process, so a notebook that trains under
+    mirrored on logical CPUs must not have run another strategy first (restart the kernel).
+    """
+    from absl import logging
+
+    from tfdist_trainer import cluster as cluster_lib
+    from tfdist_trainer import config as config_lib
+    from tfdist_trainer import storage
+
+    if not model_dir:
+        raise ConfigError("tfdist_trainer.train needs model_dir=..., a directory for this run.")
+    model_dir = os.fspath(model_dir)
+    if log_level is not None:
+        logging.set_verbosity(log_level)
+    cluster = cluster_lib.resolve(os.environ)
+    if not cluster.is_local:
+        raise ConfigError(
+            f"TF_CONFIG names a cluster ({', '.join(cluster.cluster)}), but tfdist_trainer.train "
+            f"trains in this one process; unset TF_CONFIG, or run tfdist-train on each task."
+        )
+    overrides = {} if trainer_cls is None else {"trainer_cls": trainer_cls}
+    experiment = config_lib.load_experiment(
+        list(gin_files), list(gin_bindings), list(modules), **overrides
+    )
+    strategy_config = experiment.strategy_config
+    layout = strategy_config.launch_layout(num_workers=2, num_ps=1)
+    if layout != {cluster_lib.CHIEF: 1}:
+        raise ConfigError(
+            f"strategy {strategy_config.name} needs one process per cluster task ({', '.join(layout)} "
+            f"tasks), but "
+            f"tfdist_trainer.train trains in this one process; pick one_device, mirrored or "
+            f"model_parallel, or start the job with tfdist-launch (or tfdist-train on each task)."
+        )
+    strategy_config.validate(cluster)
+    try:
+        is_file = storage.exists(model_dir) and not storage.isdir(model_dir)
+        if not is_file:
+            storage.makedirs(model_dir, private=True)  # a local one is user-only, as with the CLI
+    except OSError as e:
+        raise ConfigError(
+            f"model_dir {model_dir} cannot be used ({e}); pick another path."
+        ) from None
+    if is_file:
+        raise ConfigError(f"model_dir {model_dir} is a file, not a directory; pick another path.")
+
+    from tfdist_trainer import controller
+
+    return controller.run_training(experiment, cluster, model_dir)
