@@ -35,7 +35,7 @@ import time
 
 from absl import app, flags
 
-from tfdist_trainer import storage
+from tfdist_trainer import console, storage
 from tfdist_trainer.cluster import tf_config_text
 from tfdist_trainer.errors import EXIT_CONFIG, ConfigError, exit_code, is_retryable
 
@@ -54,6 +54,12 @@ flags.DEFINE_enum(
     "Never",
     ["Never", "OnFailure", "ExitCode"],
     "Like Kubeflow: restart failed tasks never, on any failure, or on exit codes 128-255.",
+)
+flags.DEFINE_boolean(
+    "console_chatter",
+    False,
+    "Also print TensorFlow's known start-up and shutdown lines on the console (tfdist_trainer.console); "
+    "the per-task logs always have every line.",
 )
 flags.DEFINE_integer("backoff_limit", 3, "Restarts allowed in the whole job before it fails.")
 flags.DEFINE_float(
@@ -128,6 +134,7 @@ _FORWARDED_FLAGS = (
     "restart_policy",
     "backoff_limit",
     "restart_backoff_s",
+    "console_chatter",
 )
 
 
@@ -265,6 +272,8 @@ class LocalCluster:
         self._readers: list[threading.Thread] = []
         self._logs: dict[str, storage.LogCopy] = {}  # one per task, kept open across its restarts
         self._print_lock = threading.Lock()
+        self.console_chatter = False  # True: every line of every task on the console, too
+        self._trained = threading.Event()  # a driving task exited 0: later gRPC errors are shutdown
         self._started_at: dict[str, float] = {}
 
     def start(self) -> None:
@@ -305,6 +314,7 @@ class LocalCluster:
         # A lone process calls itself 'local'; a cluster task already prints its own role.
         own_prefixes = (f"[{task.role}]", "[local]")
         log = self._logs[task.role]
+        shown = console.ConsoleFilter(job_finished=self._trained.is_set)
         for raw in iter(process.stdout.readline, b""):
             if log is not None:
                 try:
@@ -318,6 +328,8 @@ class LocalCluster:
             line = raw.decode(errors="replace").rstrip("\n")
             if not line.startswith(own_prefixes):
                 line = f"[{task.role}] {line}"
+            if not shown(line) and not self.console_chatter:  # known TF chatter: the log file only
+                continue
             with self._print_lock:
                 print(line, flush=True)
 
@@ -389,6 +401,8 @@ class LocalCluster:
                         up.difference_update(t.role for t in self.tasks if t.returncode is None)
                         break
                     _say(f"{task.role} finished")
+                    if task.drives:
+                        self._trained.set()
             if all(t.returncode == 0 for t in self.tasks if t.drives):
                 return 0
             for task in self.tasks:
@@ -732,6 +746,7 @@ def main(argv: list[str]) -> None:
         policy=policy,
         restart_backoff_s=FLAGS.restart_backoff_s,
     )
+    local.console_chatter = FLAGS.console_chatter
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
     _say(f"{experiment.strategy_config.name}: {', '.join(t.role for t in tasks)}")

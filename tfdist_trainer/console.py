@@ -1,0 +1,174 @@
+"""Which of a task's output lines reach the console; the task's log file keeps every line.
+
+TensorFlow prints a dozen lines at every start (the absl banner, oneDNN, "no
+CUDA drivers", a failed ``cuInit`` on a machine without a GPU, how its
+strategies set themselves up) and, when a multi_worker_mirrored leader exits
+before its peers, gRPC errors about a heartbeat that found no one to talk to.
+They say nothing about the job, and some look like failures.
+:class:`ConsoleFilter` keeps exactly those known lines off the console. It is
+deliberately narrow:
+
+* a line is hidden only when it matches one of the known patterns below, or
+  is a continuation line of such a record (the protobuf dump after TF's
+  session config, the gRPC details after a shutdown error);
+* lines that signal a failure (a Python traceback, an exception, an OOM, a
+  crash, a non-zero exit) are always shown, with the lines that follow them;
+* the shutdown chatter is hidden only once a driving task has finished with
+  exit code 0 (``job_finished``); before that the same lines mean a lost peer.
+
+``info_from`` narrows the view further (the MNIST demo shows only progress):
+INFO records from other source files are hidden, never warnings or errors.
+A record spans several lines (a table, a traceback); its continuation lines
+follow the fate of its first line, so a table is shown whole or not at all.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable
+
+#: absl's header, Python (``I1123 07:48:48.415137 1406...``) or C++ (``I0000 00:00:1795420114.80 5278``).
+_HEADER = re.compile(r"^(?P<level>[IWEF])\d{4} [\d:.]+\s+\d+ (?P<file>[\w.\-]+):\d+\] ?")
+#: A role prefix the launcher or the task put in front: ``[worker:1] `` or ``[local] ``.
+_ROLE = re.compile(r"^\[(?:[\w\-]+:\d+|local)\] ")
+
+#: Start-up lines of every TensorFlow process: (source file, or None for a line without a header, pattern).
+STARTUP_CHATTER = (
+    (None, re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called")),
+    ("port.cc", re.compile(r"^oneDNN custom operations are on\.")),
+    ("cudart_stub.cc", re.compile(r"^Could not find cuda drivers on your machine")),
+    ("cpu_feature_guard.cc", re.compile(r"^This TensorFlow binary is optimized to use")),
+    (None, re.compile(r"^To enable the following instructions: .* rebuild TensorFlow")),
+    # tf.data under a ClusterCoordinator's per-worker datasets: harmless, once per pipeline.
+    ("dataset.cc", re.compile(r"^Input of GeneratorDatasetOp::Dataset will not be optimized")),
+    # A finished step's or iterator's leftover transfers being dropped, not an error of the step.
+    (
+        "local_rendezvous.cc",
+        re.compile(
+            r"^Local rendezvous is aborting with status: "
+            r"(ABORTED: Cleanup -?\d+|OUT_OF_RANGE: End of sequence)"
+        ),
+    ),
+)
+#: INFO records of TensorFlow's own distribution and checkpoint code: how it set itself up, every time.
+TF_INFO_SOURCES = (
+    "mirrored_strategy.py",
+    "collective_all_reduce_strategy.py",
+    "cross_device_ops.py",
+    "parameter_server_strategy.py",
+    "parameter_server_strategy_v2.py",
+    "remote.py",  # the session config, a protobuf dump on the lines after it
+    "cluster_coordinator.py",
+    "functional_saver.py",
+)
+#: cuInit's answer on a machine with no NVIDIA device; with one, the same line is a real problem.
+NO_GPU_CUINIT = ("cuda_platform.cc", re.compile(r"^failed call to cuInit: .*\((303|100)\)$"))
+#: Once the job's training finished: a peer whose coordination-service leader has already exited
+#: (an error record and the gRPC details on the lines after it).
+SHUTDOWN_CHATTER = re.compile(
+    r"Failed to send RPC to coordination service|/tensorflow\.CoordinationService/"
+    r"|Error received from peer .*(Connection refused|Socket closed|failed to connect)"
+    r"|coordination service .*(shut ?down|unavailable|not reachable)"
+)
+
+#: Lines that signal a failure, or a warning in Python's own format: never hidden.
+FAILURE = re.compile(
+    r"Traceback \(most recent call last\)"
+    r"|^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::|$)"
+    r"|^\S+:\d+: \w*Warning: "
+    r"|\bOOM\b|out of memory|ResourceExhausted|MemoryError"
+    r"|Fatal Python error|Segmentation fault|core dumped|\bKilled\b|Aborted|Check failed"
+    r"|exited with code|exit code [1-9]|^error:|\berror: "
+)
+
+_SHOWN, _CHATTER, _QUIET = "shown", "chatter", "quiet"
+
+
+def gpu_present() -> bool:
+    """An NVIDIA device node or driver exists on this machine."""
+    return os.path.exists("/proc/driver/nvidia/version") or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+class ConsoleFilter:
+    """``filter(line) -> bool``: whether a line of one task's output goes to the console too.
+
+    Args:
+      job_finished: returns True once a driving task has finished with exit
+        code 0 (then gRPC shutdown errors are chatter); None: never.
+      info_from: if given, only INFO records from these source files are shown
+        (warnings, errors and failures always are).
+      gpu: whether this machine has an NVIDIA GPU (default: looked up).
+
+    One instance follows one stream; lines of several tasks, each with its role
+    prefix, may share an instance: a record's state is kept per prefix.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_finished: Callable[[], bool] | None = None,
+        info_from: tuple[str, ...] | None = None,
+        gpu: bool | None = None,
+    ):
+        self._job_finished = job_finished or (lambda: False)
+        self._info_from = info_from
+        self._gpu = gpu_present() if gpu is None else gpu
+        self._state: dict[str, str] = {}  # role prefix -> state of its current record
+
+    def __call__(self, line: str) -> bool:
+        role = _ROLE.match(line)
+        key = role.group(0) if role else ""
+        text = line[role.end() :] if role else line
+        header = _HEADER.match(text)
+        if header:
+            state = self._classify(
+                header.group("level"), header.group("file"), text[header.end() :]
+            )
+            self._state[key] = state
+            return state == _SHOWN
+        # A line without a header: a record's continuation, or plain output.
+        if FAILURE.search(text) and not self._is_shutdown_chatter(text):
+            self._state[key] = _SHOWN  # the details on the lines after it follow
+            return True
+        if _is_chatter(None, text, STARTUP_CHATTER) or self._is_shutdown_chatter(text):
+            self._state[key] = _CHATTER
+            return False
+        state = self._state.get(key, _SHOWN)
+        if state == _QUIET:
+            return False
+        self._state[key] = _SHOWN  # plain output after chatter is not chatter
+        return True
+
+    def _is_shutdown_chatter(self, text: str) -> bool:
+        return bool(SHUTDOWN_CHATTER.search(text)) and self._job_finished()
+
+    def _classify(self, level: str, source: str, message: str) -> str:
+        if _is_chatter(source, message, STARTUP_CHATTER):
+            return _CHATTER
+        if not self._gpu and _is_chatter(source, message, (NO_GPU_CUINIT,)):
+            return _CHATTER
+        if level in "EW" and self._is_shutdown_chatter(message):
+            return _CHATTER
+        if level == "I" and source in TF_INFO_SOURCES and not FAILURE.search(message):
+            return _QUIET
+        if level == "I" and self._info_from is not None and source not in self._info_from:
+            return _SHOWN if FAILURE.search(message) else _QUIET
+        return _SHOWN
+
+
+def _is_chatter(source: str | None, message: str, patterns) -> bool:
+    return any(
+        (file is None or file == source) and pattern.search(message) for file, pattern in patterns
+    )
+
+
+def strip_header(line: str) -> str:
+    """``[chief:0] I1123 07:48:48.41 1406 controller.py:91] step 10`` -> ``[chief:0] step 10``."""
+    role = _ROLE.match(line)
+    text = line[role.end() :] if role else line
+    header = _HEADER.match(text)
+    if not header:
+        return line
+    return (role.group(0) if role else "") + text[header.end() :]
