@@ -35,7 +35,7 @@ USER_MODULE = textwrap.dedent('''
 
 
     @gin.configurable
-    def two_head_model(learning_rate=0.5, l2=0.01):
+    def two_head_model(learning_rate=0.5, l2=0.01, model_class=keras.Model):
         inputs = keras.Input((DIM,), name="x")
         hidden = keras.layers.Dense(
             8, activation="tanh", name="hidden",
@@ -44,7 +44,7 @@ USER_MODULE = textwrap.dedent('''
         )(inputs)
         cls = keras.layers.Dense(3, name="cls", kernel_initializer=keras.initializers.GlorotUniform(seed=2))(hidden)
         reg = keras.layers.Dense(1, name="reg", kernel_initializer=keras.initializers.GlorotUniform(seed=3))(hidden)
-        model = keras.Model(inputs, {"cls": cls, "reg": reg})
+        model = model_class(inputs, {"cls": cls, "reg": reg})
         model.compile(
             optimizer=keras.optimizers.SGD(learning_rate),
             loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
@@ -78,6 +78,18 @@ USER_MODULE = textwrap.dedent('''
     @gin.configurable
     def uncompiled_model():
         return keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(1)])
+
+
+    class PenalizedModel(keras.Model):
+        """Keras' documented way to change a compiled model's loss: override compute_loss."""
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training) + 10.0
+
+
+    @gin.configurable
+    def penalized_model():
+        return two_head_model(model_class=PenalizedModel)
 
 
     class FitStepModel(keras.Model):
@@ -213,6 +225,20 @@ def test_first_step_under_one_device_and_two_mirrored_replicas_is_the_global_bat
         for got, want, init in zip(weights, after, before):
             assert not np.allclose(want, init)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=strategy)
+
+
+def test_a_compute_loss_override_on_the_model_is_used(user_project):
+    """As with model.fit, a Model subclass's compute_loss replaces the compiled loss (here: + 10).
+
+    One replica: under several, an override returns each replica's share, so a term it adds
+    must be divided by the replicas in sync, as Keras divides the compiled loss.
+    """
+    expected_loss, _, _ = expected_first_step(user_project)
+    model_dir = str(user_project / "penalized")
+    result = train(user_project, "one_device", model_dir, "KerasTrainer.model_fn=@penalized_model")
+    assert result.returncode == 0, result.stdout[-6000:]
+    first = next(r for r in read_records(model_dir) if r["kind"] == "train")
+    assert first["loss"] == pytest.approx(expected_loss + 10.0, rel=1e-5)
 
 
 @pytest.mark.parametrize(
