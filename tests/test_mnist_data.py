@@ -5,13 +5,14 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from recipes.mnist import data
+from recipes.mnist import data, prepare
 
 
 def _write_idx(
@@ -236,3 +237,171 @@ def test_bad_split(split, tmp_path):
 def test_idx_source_requires_dir():
     with pytest.raises(ValueError, match="idx_dir"):
         data.load_mnist("train", source="idx")
+
+
+# ---------------------------------------------------------------- prepare (the demo driver's side)
+#
+# Every test here talks to 127.0.0.1 only: a closed port, a server that never
+# answers, or a local HTTP server with IDX files the test wrote.
+
+
+def write_fake_mnist(directory: str, *, num_train: int = 5, num_test: int = 3) -> None:
+    """The four gzipped IDX files, with random images and labels 0..9 in turn."""
+    os.makedirs(directory, exist_ok=True)
+    rng = np.random.RandomState(0)
+    for prefix, n in (("train", num_train), ("t10k", num_test)):
+        images = rng.randint(0, 256, size=(n, 28, 28)).astype(np.uint8)
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        _write_idx(
+            os.path.join(directory, f"{prefix}-images-idx3-ubyte"),
+            images,
+            data.IMAGES_MAGIC,
+            gz=True,
+        )
+        _write_idx(
+            os.path.join(directory, f"{prefix}-labels-idx1-ubyte"),
+            labels,
+            data.LABELS_MAGIC,
+            gz=True,
+        )
+
+
+class LocalServer:
+    """An HTTP server on 127.0.0.1 serving one directory, in a thread."""
+
+    def __init__(self, directory: str):
+        import functools
+        import http.server
+        import threading
+
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(Quiet, directory=directory)
+        )
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def closed_port_url() -> str:
+    import portpicker
+
+    return f"http://127.0.0.1:{portpicker.pick_unused_port()}/"  # nothing listens there
+
+
+def _prepare(tmp_path, **kwargs) -> prepare.Prepared:
+    kwargs.setdefault("cache_dir", str(tmp_path / "cache"))
+    kwargs.setdefault("tfds_data_dir", str(tmp_path / "no_tfds"))  # not the machine's own
+    return prepare.prepare_mnist(**kwargs)
+
+
+def test_prepare_falls_back_at_once_when_the_server_refuses(tmp_path):
+    start = time.monotonic()
+    prepared = _prepare(tmp_path, base_url=closed_port_url(), timeout_s=3.0)
+    assert time.monotonic() - start < 2.0
+    assert prepared.source == "digits" and prepared.label == data.FALLBACK_LABEL
+    assert not prepared.is_mnist
+    assert "download failed" in prepared.how and "refused" in prepared.how
+    assert os.listdir(tmp_path / "cache") == []  # no partial file left behind
+    assert prepared.gin_bindings() == ["--gin_bindings=MnistTrainer.data_source='digits'"]
+
+
+def test_prepare_gives_up_after_the_timeout_on_a_silent_server(tmp_path):
+    import socket
+
+    silent = socket.socket()  # accepts connections (backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        start = time.monotonic()
+        prepared = _prepare(
+            tmp_path, base_url=f"http://127.0.0.1:{silent.getsockname()[1]}/", timeout_s=1.0
+        )
+        elapsed = time.monotonic() - start
+    finally:
+        silent.close()
+    assert prepared.source == "digits"
+    assert 0.9 <= elapsed < 3.0, elapsed
+
+
+def test_prepare_downloads_once_and_the_tasks_read_the_cache(tmp_path):
+    served = tmp_path / "served"
+    write_fake_mnist(str(served))
+    server = LocalServer(str(served))
+    try:
+        prepared = _prepare(tmp_path, base_url=server.url)
+    finally:
+        server.close()
+    cache = str(tmp_path / "cache")
+    assert prepared.source == "idx" and prepared.idx_dir == cache
+    assert prepared.label == prepare.idx_label(cache) and prepared.is_mnist
+    assert "downloaded" in prepared.how
+    assert sorted(os.listdir(cache)) == sorted(
+        f"{n}.gz" for pair in prepare.IDX_FILES.values() for n in pair
+    )
+    # What a task does with the bindings: source='idx' in the cache, and the same label.
+    ds, label = data.load_mnist("train", source="idx", idx_dir=cache)
+    assert label == prepared.label and len(list(ds)) == 5
+    # A second run finds the cache and needs no server.
+    again = _prepare(tmp_path, base_url=closed_port_url())
+    assert again.idx_dir == cache and "cached" in again.how
+
+
+def test_prepare_prefers_the_users_idx_dir_and_tfds_and_never_downloads_then(tmp_path):
+    idx_dir = str(tmp_path / "idx")
+    write_fake_mnist(idx_dir)
+    prepared = _prepare(tmp_path, idx_dir=idx_dir, base_url=closed_port_url())
+    assert (prepared.source, prepared.idx_dir) == ("idx", idx_dir)
+    assert prepared.gin_bindings() == [
+        "--gin_bindings=MnistTrainer.data_source='idx'",
+        f"--gin_bindings=MnistTrainer.idx_dir='{idx_dir}'",
+    ]
+
+    tfds_dir = tmp_path / "tfds"
+    (tfds_dir / "mnist" / prepare.TFDS_MNIST_VERSION).mkdir(parents=True)
+    (tfds_dir / "mnist" / prepare.TFDS_MNIST_VERSION / "dataset_info.json").write_text("{}")
+    prepared = _prepare(tmp_path, tfds_data_dir=str(tfds_dir), base_url=closed_port_url())
+    assert (prepared.source, prepared.label) == ("tfds", prepare.TFDS_LABEL)
+    assert f"--gin_bindings=MnistTrainer.tfds_data_dir='{tfds_dir}'" in prepared.gin_bindings()
+    # What a task then reads (TFDS' own mock of a prepared mnist), labelled the same.
+    with tfds.testing.mock_data(num_examples=3):
+        ds, label = data.load_mnist("test", source="tfds", tfds_data_dir=str(tfds_dir))
+        assert label == prepared.label and len(list(ds)) == 3
+    assert not os.path.exists(tmp_path / "cache")  # no download was tried
+
+
+def test_prepare_without_downloads_falls_back(tmp_path):
+    prepared = _prepare(tmp_path, download=False)
+    assert prepared.source == "digits" and "off" in prepared.how
+
+
+def test_a_bad_download_is_refused_and_leaves_nothing(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "page.gz").write_text("<html>captive portal</html>")
+    write_fake_mnist(str(served))
+    server = LocalServer(str(served))
+    try:
+        with pytest.raises(prepare.DownloadError, match="not a gzip file"):
+            prepare._fetch(server.url + "page.gz", str(tmp_path / "page.gz"), 2.0, None)
+        with pytest.raises(prepare.DownloadError, match="sha256"):
+            prepare._fetch(
+                server.url + "t10k-labels-idx1-ubyte.gz", str(tmp_path / "x.gz"), 2.0, "0" * 64
+            )
+        with pytest.raises(prepare.DownloadError, match="404|Not Found"):
+            prepare._fetch(server.url + "missing.gz", str(tmp_path / "y.gz"), 2.0, None)
+    finally:
+        server.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["served"]
+
+
+def test_the_official_checksums_come_from_tfds():
+    sums = prepare._known_sha256()
+    assert set(sums) == {f"{n}.gz" for pair in prepare.IDX_FILES.values() for n in pair}
+    assert all(len(v) == 64 for v in sums.values())

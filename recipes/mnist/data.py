@@ -25,6 +25,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from recipes.mnist import prepare
+
 IMAGE_SIZE = 28
 NUM_CLASSES = 10
 
@@ -45,7 +47,8 @@ _IDX_PREFIX = {"train": "train", "test": "t10k"}
 _DIGITS_TEST_FRACTION = 0.2
 _DIGITS_SPLIT_SEED = 0
 
-FALLBACK_LABEL = "OFFLINE FALLBACK: scikit-learn 8x8 digits upscaled to 28x28 (not MNIST)"
+# The labels every report carries; one definition, shared with the TF-free driver side (prepare.py).
+FALLBACK_LABEL = prepare.FALLBACK_LABEL
 
 
 class DataNotAvailableError(FileNotFoundError):
@@ -310,19 +313,19 @@ def load_mnist(
     _check_split(split)
 
     if source == "tfds":
-        return load_from_tfds(split, tfds_data_dir), "MNIST (TFDS)"
+        return load_from_tfds(split, tfds_data_dir), prepare.TFDS_LABEL
     if source == "idx":
         if not idx_dir:
             raise ValueError("source='idx' requires idx_dir to be set.")
-        return load_from_idx(idx_dir, split), f"MNIST (IDX files in {idx_dir})"
+        return load_from_idx(idx_dir, split), prepare.idx_label(idx_dir)
     if source == "digits":
         return load_offline_digits(split), FALLBACK_LABEL
 
     # source == 'auto'
     if idx_dir and _has_idx_files(idx_dir, split):
-        return load_from_idx(idx_dir, split), f"MNIST (IDX files in {idx_dir})"
+        return load_from_idx(idx_dir, split), prepare.idx_label(idx_dir)
     try:
-        return load_from_tfds(split, tfds_data_dir), "MNIST (TFDS)"
+        return load_from_tfds(split, tfds_data_dir), prepare.TFDS_LABEL
     except DataNotAvailableError as e:
         logging.info("TFDS mnist unavailable: %s", e)
     logging.warning(
