@@ -321,6 +321,7 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
     import numpy as np
     from tfdist_trainer.strategies import ModelParallel
     from tfdist_trainer import placement as placement_lib, state as state_lib, strategy_runtime
+    from tfdist_trainer.errors import ConfigError
 
     corpus = sys.argv[1]
     config = ModelParallel(plan="auto", num_devices=4, num_micro_batches=4, placement_file=None)
@@ -329,10 +330,16 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
     from recipes.model_parallel_lm.trainer import TransformerLMTrainer
 
     keras.utils.set_random_seed(3)
+    config_settings = dict(vars(config))
     runtime = strategy_runtime.start(config)
     strategy = runtime.strategy
     trainer = TransformerLMTrainer(data_glob=corpus, seq_len=16, num_layers=2, d_model=16, num_heads=2, d_ff=32,
                                    global_batch_size=8)
+    try:  # a step asked for before the runtime placed the model: one clear error
+        runtime.train_step_fn(trainer)
+        step_before_model = ""
+    except ConfigError as e:
+        step_before_model = str(e)
     state_lib.build_state(trainer, strategy, runtime=runtime)
     runtime.train_step_fn(trainer)
     placement = runtime.placement
@@ -360,6 +367,10 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
         results[name] = (float(loss), [tf.convert_to_tensor(g).numpy() for g in grads])
     ref_loss, ref = results["unpipelined"]
     report = {"allclose": {}, "max_abs_diff": {}, "num_gradients": len(ref)}
+    # The run's state lives in the runtime; the gin config keeps only its settings.
+    report["runtime_devices"] = [placement_lib.short_device(d) for d in runtime.devices]
+    report["config_unchanged"] = vars(config) == config_settings
+    report["step_before_model"] = step_before_model
     for name, (loss, grads) in results.items():
         report["allclose"][name] = bool(np.isclose(loss, ref_loss, rtol=1e-6) and len(grads) == len(ref) and all(
             np.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads, ref)))
@@ -405,6 +416,10 @@ def test_pipelined_gradients_equal_unpipelined_and_backward_runs_on_each_stage(c
     }, report
     # embed (CPU:0) has no MatMul; block_0, block_1 and head run their backward on their own devices.
     assert set(report["backward_matmul_devices"]) == {"CPU:1", "CPU:2", "CPU:3"}, report
+    # The runtime was built with its devices; the gin config was not written to.
+    assert report["runtime_devices"] == ["CPU:0", "CPU:1", "CPU:2", "CPU:3"], report
+    assert report["config_unchanged"], report
+    assert "build the trainer's state" in report["step_before_model"], report
 
 
 @pytest.mark.cluster
