@@ -157,3 +157,16 @@ def test_results_table_and_chart_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert results.write_chart(str(tmp_path / "b.png"), rows, "title") is None
     assert not (tmp_path / "b.png").exists()
+
+
+def test_the_demo_driver_starts_no_tensorflow():
+    """It finds the data and reads the results in plain Python: none of TF's start-up lines."""
+    code = (
+        "import sys\nimport recipes.mnist.demo, recipes.mnist.prepare, recipes.mnist.results\n"
+        "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "[]"
