@@ -3,9 +3,10 @@
 The user module (written to a temporary directory, as a user would) has a
 two-output model compiled with per-output losses, `loss_weights`, metrics
 per output and an L2 regularizer, and data with sample weights. After one SGD
-step under one_device and under mirrored (2 replicas on logical CPUs), the
-weights both runs checkpointed are the ones computed here by hand from the
-mean over the *global* batch: the compiled loss is not averaged per replica.
+step under one_device, under mirrored (2 replicas on logical CPUs) and under
+model_parallel (2 devices, 3 micro-batches), the weights each run
+checkpointed are the ones computed here by hand from the mean over the
+*global* batch: the compiled loss is not averaged per replica or micro-batch.
 Misconfigurations end in one sentence and exit code 2.
 """
 
@@ -202,29 +203,37 @@ def checkpointed_weights(project, model_dir: str) -> list[np.ndarray]:
     return [v.numpy() for v in model.trainable_variables]
 
 
-def test_first_step_under_one_device_and_two_mirrored_replicas_is_the_global_batch_mean(
-    user_project,
+@pytest.mark.parametrize(
+    "strategy, bindings",
+    [
+        ("one_device", ()),
+        ("mirrored", ()),
+        # Layers on 2 devices, each batch pipelined as micro-batches of 3, 3 and 2 examples.
+        ("model_parallel", ("model_parallel.num_micro_batches=3",)),
+    ],
+)
+def test_first_step_is_the_global_batch_mean_under_one_device_mirrored_and_model_parallel(
+    user_project, strategy, bindings
 ):
     expected_loss, before, after = expected_first_step(user_project)
-    for strategy in ("one_device", "mirrored"):
-        model_dir = str(user_project / strategy)
-        result = train(user_project, strategy, model_dir)
-        assert result.returncode == 0, result.stdout[-6000:]
-        if strategy == "mirrored":
-            assert "strategy mirrored with 2 replica(s) in sync" in result.stdout
-        records = read_records(model_dir)
-        first = next(r for r in records if r["kind"] == "train")
-        assert first["step"] == 1
-        # The loss of the step: per-output losses, loss_weights, sample weights, L2, all global means.
-        assert first["loss"] == pytest.approx(expected_loss, rel=1e-5), (strategy, first)
-        # Compiled metrics per output, train and eval.
-        assert {"cls_accuracy", "reg_mae"} <= set(first), first
-        evals = [r for r in records if r["kind"] == "eval"]
-        assert evals and {"eval_loss", "eval_cls_accuracy", "eval_reg_mae"} <= set(evals[-1])
-        weights = checkpointed_weights(user_project, model_dir)
-        for got, want, init in zip(weights, after, before):
-            assert not np.allclose(want, init)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=strategy)
+    model_dir = str(user_project / strategy)
+    result = train(user_project, strategy, model_dir, *bindings)
+    assert result.returncode == 0, result.stdout[-6000:]
+    if strategy == "mirrored":
+        assert "strategy mirrored with 2 replica(s) in sync" in result.stdout
+    records = read_records(model_dir)
+    first = next(r for r in records if r["kind"] == "train")
+    assert first["step"] == 1
+    # The loss of the step: per-output losses, loss_weights, sample weights, L2, all global means.
+    assert first["loss"] == pytest.approx(expected_loss, rel=1e-5), (strategy, first)
+    # Compiled metrics per output, train and eval.
+    assert {"cls_accuracy", "reg_mae"} <= set(first), first
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert evals and {"eval_loss", "eval_cls_accuracy", "eval_reg_mae"} <= set(evals[-1])
+    weights = checkpointed_weights(user_project, model_dir)
+    for got, want, init in zip(weights, after, before):
+        assert not np.allclose(want, init)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=strategy)
 
 
 def test_a_compute_loss_override_on_the_model_is_used(user_project):

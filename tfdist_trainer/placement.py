@@ -577,40 +577,66 @@ def split_batch(structure: Any, num: int) -> list[Any]:
 def compute_gradients(
     trainer: Any, batch: Any, *, num_micro_batches: int = 1, loss_device: str | None = None
 ) -> tuple[Any, list, list]:
-    """(loss, gradients of trainer.model.trainable_variables, [(labels, predictions) per micro-batch]).
+    """(loss, gradients of trainer.model.trainable_variables, [(labels, predictions, sample_weight) per micro-batch]).
 
     The loss is ``trainer.average_loss`` of the per-example losses of the whole
     replica batch (concatenated over micro-batches), so it and its gradients are
-    the unpipelined ones whatever `num_micro_batches` is. Inside a graph the
+    the unpipelined ones whatever `num_micro_batches` is. A compiled model's
+    loss (`Trainer.step_loss`, a mean per micro-batch) is weighted by each
+    micro-batch's share of the examples, to the same end. Inside a graph the
     gradients come from ``tf.gradients`` (colocated with their forward ops); in
     eager mode from a GradientTape.
     """
+    import keras
     import tensorflow as tf
 
-    features, labels = batch
+    from tfdist_trainer import compiled
+
+    features, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
     variables = trainer.model.trainable_variables
+    compiled_loss = compiled.uses_compiled_loss(trainer)
 
     def forward():
         if num_micro_batches == 1:
-            parts = [(features, labels)]
+            parts = [(features, labels, sample_weight)]
         else:
+            weights = (
+                [None] * num_micro_batches
+                if sample_weight is None
+                else split_batch(sample_weight, num_micro_batches)
+            )
             parts = list(
                 zip(
-                    split_batch(features, num_micro_batches), split_batch(labels, num_micro_batches)
+                    split_batch(features, num_micro_batches),
+                    split_batch(labels, num_micro_batches),
+                    weights,
                 )
             )
-        outputs, per_example = [], []
-        for part_features, part_labels in parts:
+        outputs, per_example, shares = [], [], []
+        for part_features, part_labels, part_weight in parts:
             predictions = trainer.model(part_features, training=True)
             with on_device(loss_device):
-                losses = tf.convert_to_tensor(trainer.compute_loss(part_labels, predictions))
-                if losses.shape.rank not in (None, 1):
-                    trainer.average_loss(losses)  # raises its one-line error about the shape
-                per_example.append(losses)
-            outputs.append((part_labels, predictions))
+                if compiled_loss:
+                    share = trainer.step_loss(part_features, part_labels, predictions, part_weight)
+                    examples = tf.shape(tf.nest.flatten(part_features)[0])[0]
+                    shares.append((share, tf.cast(examples, tf.float32)))
+                else:
+                    losses = tf.convert_to_tensor(trainer.compute_loss(part_labels, predictions))
+                    if losses.shape.rank not in (None, 1):
+                        trainer.average_loss(losses)  # raises its one-line error about the shape
+                    if part_weight is not None:
+                        losses *= tf.cast(part_weight, losses.dtype)
+                    per_example.append(losses)
+            outputs.append((part_labels, predictions, part_weight))
         with on_device(loss_device):
-            all_losses = per_example[0] if len(per_example) == 1 else tf.concat(per_example, axis=0)
-            loss = trainer.average_loss(all_losses)
+            if compiled_loss:
+                total = tf.add_n([n for _, n in shares])
+                loss = tf.add_n([share * n / total for share, n in shares])
+            else:
+                all_losses = (
+                    per_example[0] if len(per_example) == 1 else tf.concat(per_example, axis=0)
+                )
+                loss = trainer.average_loss(all_losses)
             scaled = trainer.optimizer.scale_loss(loss) if trainer.optimizer is not None else loss
         return loss, scaled, outputs
 
@@ -658,9 +684,8 @@ def make_train_step(
             trainer, batch, num_micro_batches=num_micro_batches, loss_device=loss_device
         )
         trainer.optimizer.apply_gradients(zip(gradients, trainer.model.trainable_variables))
-        for labels, predictions in outputs:
-            for metric in trainer.train_metrics:
-                metric.update_state(labels, predictions)
+        for labels, predictions, sample_weight in outputs:
+            trainer.update_metrics(trainer.train_metrics, labels, predictions, sample_weight)
         return loss
 
     return train_step
