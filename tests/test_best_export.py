@@ -252,3 +252,41 @@ def test_evaluator_side_car_exports_the_checkpoints_it_evaluated(project, tmp_pa
         project, model_dir / "export" / "best_eval_loss" / str(best), found[best]["checkpoint"]
     )
     assert clusterlib.no_process_left(str(model_dir)) == []
+
+
+@pytest.mark.cluster
+def test_inline_under_multi_worker_mirrored(project, tmp_path):
+    """Two synchronous workers: both take part in the checkpoint of each improving step (a
+    collective save), only the chief exports; no hang, no throw-away checkpoints left."""
+    model_dir = tmp_path / "model"
+    args = train_args(
+        model_dir,
+        "train.train_steps=30",
+        "train.eval_every_n_steps=10",
+        "train.checkpoint_every_n_steps=None",
+        "train.keep_checkpoints=100",
+        "train.extra_hooks=[@BestExporter()]",
+        strategy="multi_worker_mirrored",
+    )
+    result = clusterlib.run(
+        launch_cmd(["--num_workers=2"], args),
+        env=user_env(project),
+        cwd=str(project),
+        timeout=TIMEOUT_S,
+    )
+    out = expect_exit(result, 0)
+    evals = records(model_dir, "eval")
+    improved = improving_steps(evals, "eval_loss", "min")
+    found = exports(model_dir / "export" / "best_eval_loss")
+    assert sorted(found) == improved[-3:], (sorted(found), improved, evals)
+    assert_records_match(found, evals, "eval_loss", "min")
+    assert not any(
+        line.startswith("[worker:1]") and "BestExporter: new best" in line
+        for line in out.splitlines()
+    ), out[-4000:]
+    assert not os.path.exists(model_dir / ".tmp_checkpoints"), "throw-away checkpoints were left"
+    best = max(found)
+    assert_export_matches_checkpoint(
+        project, model_dir / "export" / "best_eval_loss" / str(best), found[best]["checkpoint"]
+    )
+    assert clusterlib.no_process_left(str(model_dir)) == []
