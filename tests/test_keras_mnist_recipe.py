@@ -56,3 +56,26 @@ def test_the_compiled_model_recipe_trains_under_four_strategies_changing_only_th
         with open(os.path.join(model_dir, "checkpoint")) as f:
             assert f'model_checkpoint_path: "ckpt-{STEPS}"' in f.read()
         assert clusterlib.no_process_left(model_dir) == []
+
+
+@pytest.mark.cluster
+def test_the_evaluator_side_car_evaluates_the_compiled_model_of_each_checkpoint(tmp_path):
+    """train_and_evaluate's shape: chief, workers, ps and an evaluator task following the checkpoints."""
+    model_dir = str(tmp_path / "run")
+    result = clusterlib.run(
+        launch_cmd(
+            ["--num_workers=2", "--num_ps=1", "--evaluator"],
+            [
+                *SMALL,
+                "--gin_bindings=train.checkpoint_every_n_steps=30",
+                strategy_gin("parameter_server"),
+                f"--model_dir={model_dir}",
+            ],
+        ),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout[-6000:]
+    evals = read_records(model_dir, os.path.join("eval", "metrics.jsonl"))
+    assert [r["step"] for r in evals][-1] == STEPS, evals
+    assert {"eval_loss", "eval_accuracy"} <= set(evals[-1])
+    assert evals[-1]["eval_accuracy"] > 0.3, evals[-1]
