@@ -6,6 +6,10 @@ and a multi_worker_mirrored job whose leader exited before its peer).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tfdist_trainer.console import ConsoleFilter, strip_header
@@ -183,3 +187,33 @@ def test_strip_header():
     assert strip_header(PROGRESS[1]).startswith("[chief:0] step 25/50 loss=1.6941")
     assert strip_header("[launch] job succeeded") == "[launch] job succeeded"
     assert strip_header(STARTUP[1]).startswith("[chief:0] oneDNN custom operations")
+
+
+def test_quiet_stderr_drops_chatter_of_this_process_and_keeps_its_errors():
+    """The launcher's own TensorFlow import: C++ lines (written to fd 2) and Python's alike."""
+    chatter = [line.split("] ", 1)[1] for line in STARTUP[:3]]  # without the role prefix
+    code = f"""
+import os, sys
+from tfdist_trainer.console import quiet_stderr
+with quiet_stderr():
+    for line in {chatter!r}:
+        os.write(2, (line + "\\n").encode())
+    print("ValueError: a real problem", file=sys.stderr)
+    print("W1123 08:00:00.000000 1 config.py:12] a warning", file=sys.stderr)
+print("after the block", file=sys.stderr)
+with quiet_stderr():
+    raise RuntimeError("raised inside the block")
+"""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=repo
+    )
+    lines = result.stderr.splitlines()
+    assert lines[:3] == [
+        "ValueError: a real problem",
+        "W1123 08:00:00.000000 1 config.py:12] a warning",
+        "after the block",
+    ], result.stderr
+    assert lines[3] == "Traceback (most recent call last):", result.stderr
+    assert lines[-1] == "RuntimeError: raised inside the block"
+    assert result.returncode == 1

@@ -24,10 +24,13 @@ follow the fate of its first line, so a table is shown whole or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
-from collections.abc import Callable
+import sys
+import threading
+from collections.abc import Callable, Iterator
 
 #: absl's header, Python (``I1123 07:48:48.415137 1406...``) or C++ (``I0000 00:00:1795420114.80 5278``).
 _HEADER = re.compile(r"^(?P<level>[IWEF])\d{4} [\d:.]+\s+\d+ (?P<file>[\w.\-]+):\d+\] ?")
@@ -172,3 +175,35 @@ def strip_header(line: str) -> str:
     if not header:
         return line
     return (role.group(0) if role else "") + text[header.end() :]
+
+
+@contextlib.contextmanager
+def quiet_stderr(keep: ConsoleFilter | None = None) -> Iterator[None]:
+    """Runs the block with this process's stderr (file descriptor 2, so TF's C++ lines too) going
+    through a ConsoleFilter: known chatter is dropped, every other line is passed on as it comes.
+
+    For a process that has no log of its own (the launcher importing the user's
+    Trainer, and with it TensorFlow); the tasks' own start-up is in their logs.
+    """
+    keep = keep or ConsoleFilter()
+    sys.stderr.flush()
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for raw in pipe:
+                if keep(raw.decode(errors="replace").rstrip("\n")):
+                    os.write(real, raw)
+
+    thread = threading.Thread(target=pump, name="quiet_stderr", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)  # closes the pipe's last write end: the pump reads to the end and stops
+        thread.join(timeout=10)
+        os.close(real)

@@ -706,7 +706,8 @@ def main(argv: list[str]) -> None:
             raise ConfigError(
                 "--model_dir is required after '--' (the tasks share it); e.g. -- --model_dir=/tmp/run1."
             )
-        experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
+        with console.quiet_stderr():  # the user's Trainer imports TensorFlow: its start-up lines
+            experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
         policy = RestartPolicy(FLAGS.restart_policy, FLAGS.backoff_limit)
         tasks, cluster = plan_tasks(
             experiment.strategy_config,
