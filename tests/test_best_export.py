@@ -290,3 +290,67 @@ def test_inline_under_multi_worker_mirrored(project, tmp_path):
         project, model_dir / "export" / "best_eval_loss" / str(best), found[best]["checkpoint"]
     )
     assert clusterlib.no_process_left(str(model_dir)) == []
+
+
+# -- through tf.io.gfile only ----------------------------------------------------------
+
+
+def test_storage_atomic_directory(tmp_path):
+    """The whole directory appears at once (renamed from a .tmp-* sibling), replaces an older one,
+    and a block that fails leaves nothing behind."""
+    from tfdist_trainer import storage
+
+    root = f"file://{tmp_path}"
+    path = storage.join(root, "exports", "7")
+    with storage.atomic_directory(path) as target:
+        assert ".tmp-7-" in target and not storage.exists(path)
+        storage.write_json(storage.join(target, "r.json"), {"step": 7})
+    with storage.atomic_directory(path) as target:
+        storage.write_json(storage.join(target, "r.json"), {"step": 8})
+    assert storage.read_json(storage.join(path, "r.json")) == {"step": 8}
+    assert os.listdir(tmp_path / "exports") == ["7"]
+    with (
+        pytest.raises(RuntimeError, match="half-way"),
+        storage.atomic_directory(storage.join(root, "exports", "9")) as target,
+    ):
+        storage.write_text(storage.join(target, "part"), "x")
+        raise RuntimeError("half-way")
+    assert os.listdir(tmp_path / "exports") == ["7"]
+    assert storage.read_json(storage.join(root, "missing.json")) is None
+    storage.write_text(storage.join(root, "torn.json"), '{"step": ')
+    assert storage.read_json(storage.join(root, "torn.json")) is None
+    storage.rename(storage.join(root, "exports"), storage.join(root, "moved"))
+    assert sorted(os.listdir(tmp_path)) == ["moved", "torn.json"]
+    assert storage.has_atomic_rename(root) and not storage.has_atomic_rename("gs://b/run")
+
+
+def test_best_export_and_warm_start_with_file_uris(project, tmp_path):
+    """model_dir, export_dir and WarmStart.checkpoint as file:// URIs: a stray open() or os.* call
+    on them would fail (Python reads 'file://...' as a relative path)."""
+    source, model_dir = f"file://{tmp_path}/source", f"file://{tmp_path}/model"
+    expect_exit(
+        train(
+            project,
+            source,
+            "train.train_steps=20",
+            "train.eval_every_n_steps=10",
+            "train.extra_hooks=[@BestExporter()]",
+        ),
+        0,
+    )
+    found = exports(tmp_path / "source" / "export" / "best_eval_loss")
+    assert sorted(found) and found[max(found)]["checkpoint"] == f"{source}/ckpt-{max(found)}"
+    out = expect_exit(
+        train(
+            project,
+            model_dir,
+            "train.train_steps=10",
+            "train.warm_start=@WarmStart()",
+            f"WarmStart.checkpoint='{source}'",
+        ),
+        0,
+    )
+    assert f"warm start from {source}/ckpt-20 (vars_regex '.*'): 4 of 4" in out, out[-3000:]
+    with open(tmp_path / "model" / "warm_start.json") as f:
+        assert json.load(f)["checkpoint"] == f"{source}/ckpt-20"
+    assert not (project / "file:").exists(), "a stray relative 'file:' directory was created"

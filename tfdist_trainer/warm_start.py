@@ -188,11 +188,14 @@ class WarmStart:
                 f"WarmStart.checkpoint={self.checkpoint!r} does not exist; name a Keras "
                 f".weights.h5 file, a model_dir or a checkpoint prefix."
             )
+        import tensorflow as tf
+
         copy = build_copy()
         try:
             copy.load_weights(self.checkpoint)
-        except (ValueError, OSError, KeyError, TypeError) as e:
-            message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        except (ValueError, OSError, KeyError, TypeError, tf.errors.OpError) as e:
+            text = (getattr(e, "message", None) or str(e)).strip()
+            message = text.splitlines()[0] if text else type(e).__name__
             raise ConfigError(
                 f"WarmStart.checkpoint={self.checkpoint!r} does not fit the Trainer's model "
                 f"({message}); a Keras .weights.h5 must come from the same architecture (use one "
