@@ -10,6 +10,7 @@ results table, results.json and results.png.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import zlib
 import pytest
 from test_mnist_data import LocalServer, closed_port_url, write_fake_mnist
 
-from recipes.mnist import prepare, results
+from recipes.mnist import data, prepare, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20
@@ -126,6 +127,42 @@ def test_demo_downloads_mnist_once_and_the_tasks_train_on_it(tmp_path):
     label = prepare.idx_label(str(tmp_path / "cache"))
     assert summary["data_source"] == "idx"
     _check_results(summary, "parameter_server", label, str(tmp_path / "out"))
+
+
+@pytest.mark.cluster
+def test_a_task_failure_reaches_the_demo_console(tmp_path):
+    """Corrupt IDX files: the tasks' traceback and the exit code are shown, never filtered away."""
+    idx_dir = tmp_path / "idx"
+    write_fake_mnist(str(idx_dir), num_train=256, num_test=64)
+    # The header promises 256 labels; 10 bytes follow.
+    (idx_dir / "train-labels-idx1-ubyte.gz").write_bytes(
+        gzip.compress(struct.pack(">ii", data.LABELS_MAGIC, 256) + bytes(10))
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recipes.mnist.demo",
+            f"--model_dir={tmp_path / 'out'}",
+            f"--train_steps={STEPS}",
+            f"--idx_dir={idx_dir}",
+            f"--tfds_data_dir={tmp_path / 'no_tfds'}",
+            "--strategies=multi_worker_mirrored",
+        ],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    console = proc.stdout + proc.stderr
+    assert proc.returncode == 1, console[-4000:]
+    assert re.search(r"^\[worker:\d\] Traceback \(most recent call last\):", console, re.M), console
+    assert re.search(r"^\[worker:\d\] ValueError: IDX file .*train-labels", console, re.M), console
+    assert re.search(r"^\[launch\] worker:\d exited with code 1", console, re.M), console
+    assert "[demo] multi_worker_mirrored failed with exit code 1" in console
+    assert not os.path.exists(tmp_path / "out" / "results.json")
 
 
 def test_results_table_and_chart_without_matplotlib(tmp_path, monkeypatch):
