@@ -190,15 +190,19 @@ def expected_first_step(project) -> tuple[float, list[np.ndarray]]:
     return float(loss), before, after
 
 
-def checkpointed_weights(project, model_dir: str) -> list[np.ndarray]:
-    import tensorflow as tf
-
+def _model(project):
     sys.path.insert(0, str(project))
     try:
         import two_heads
     finally:
         sys.path.remove(str(project))
-    model = two_heads.two_head_model()
+    return two_heads.two_head_model()
+
+
+def checkpointed_weights(project, model_dir: str) -> list[np.ndarray]:
+    import tensorflow as tf
+
+    model = _model(project)
     tf.train.Checkpoint(model=model).read(tf.train.latest_checkpoint(model_dir)).expect_partial()
     return [v.numpy() for v in model.trainable_variables]
 
@@ -248,6 +252,34 @@ def test_a_compute_loss_override_on_the_model_is_used(user_project):
     assert result.returncode == 0, result.stdout[-6000:]
     first = next(r for r in read_records(model_dir) if r["kind"] == "train")
     assert first["loss"] == pytest.approx(expected_loss + 10.0, rel=1e-5)
+
+
+def test_a_run_warm_starts_from_a_compiled_models_checkpoint(user_project):
+    """A compiled model tracks its optimizer, so the checkpoint's model reaches the optimizer's
+    slots too: warm start must still find the model's variables by their names."""
+    source = str(user_project / "source")
+    assert train(user_project, "one_device", source).returncode == 0
+    model_dir = str(user_project / "warm")
+    result = train(
+        user_project,
+        "one_device",
+        model_dir,
+        "train.warm_start=@WarmStart()",
+        f"WarmStart.checkpoint='{source}'",
+        "WarmStart.vars_regex='hidden/.*'",
+        "two_head_model.learning_rate=0.0",  # the step keeps the weights it starts from
+    )
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert "2 of 6 variables warm-started" in result.stdout, result.stdout[-4000:]
+    fresh = _model(user_project)  # seeded initializers: what a fresh start holds
+    names = [v.path.split("/", 1)[1] for v in fresh.trainable_variables]
+    initial = dict(zip(names, [v.numpy() for v in fresh.trainable_variables]))
+    warm = dict(zip(names, checkpointed_weights(user_project, model_dir)))
+    trained = dict(zip(names, checkpointed_weights(user_project, source)))
+    for name in names:
+        want = trained[name] if name.startswith("hidden/") else initial[name]
+        np.testing.assert_allclose(warm[name], want, rtol=1e-6, err_msg=name)
+        assert not np.allclose(trained[name], initial[name]), name
 
 
 @pytest.mark.parametrize(

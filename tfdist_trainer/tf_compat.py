@@ -270,7 +270,9 @@ def checkpoint_variable_names(prefix: str, child: str | None = None) -> dict[str
     """{checkpoint key: the variable's name when it was saved} for the variables of a TF2 checkpoint.
 
     With `child`, only the variables reachable from that child of the saved
-    root (``model`` in the Checkpointer's layout), not the optimizer's slots.
+    root (``model`` in the Checkpointer's layout) without passing through
+    another child of the root: not the optimizer's slots, even when a
+    compiled model holds the optimizer.
 
     A `tf.train.Checkpoint` names a value by its first place in the object
     graph (``model/_functional/_operations/1/_kernel/...``, or even
@@ -292,10 +294,13 @@ def checkpoint_variable_names(prefix: str, child: str | None = None) -> dict[str
         reachable = set(range(len(graph.nodes)))
     else:
         roots = [c.node_id for c in graph.nodes[0].children if c.local_name == child]
+        # Not through the root's other children: a compiled Keras model tracks its optimizer,
+        # which is also the root's `optimizer`; its slots are not the model's variables.
+        others = {c.node_id for c in graph.nodes[0].children if c.local_name != child}
         reachable, stack = set(roots), list(roots)
         while stack:
             for c in graph.nodes[stack.pop()].children:
-                if c.node_id not in reachable:
+                if c.node_id not in reachable and c.node_id not in others:
                     reachable.add(c.node_id)
                     stack.append(c.node_id)
     return {

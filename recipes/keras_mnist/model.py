@@ -20,17 +20,21 @@ from tfdist_trainer import shard
 def mnist_model(
     *, learning_rate: float = 1e-3, filters: tuple[int, int] = (32, 64), dense_units: int = 128
 ) -> keras.Model:
-    """A two-convolution CNN, compiled. Called under the strategy's scope: compile here."""
+    """A two-convolution CNN, compiled. Called under the strategy's scope: compile here.
+
+    Named layers give variables names that do not depend on how many models a
+    process built before (`WarmStart.vars_regex = 'conv_.*'` finds them).
+    """
     model = keras.Sequential(
         [
             keras.Input((28, 28, 1)),
-            keras.layers.Conv2D(filters[0], 3, activation="relu"),
+            keras.layers.Conv2D(filters[0], 3, activation="relu", name="conv_1"),
             keras.layers.MaxPooling2D(),
-            keras.layers.Conv2D(filters[1], 3, activation="relu"),
+            keras.layers.Conv2D(filters[1], 3, activation="relu", name="conv_2"),
             keras.layers.MaxPooling2D(),
             keras.layers.Flatten(),
-            keras.layers.Dense(dense_units, activation="relu"),
-            keras.layers.Dense(mnist_data.NUM_CLASSES),
+            keras.layers.Dense(dense_units, activation="relu", name="hidden"),
+            keras.layers.Dense(mnist_data.NUM_CLASSES, name="logits"),
         ]
     )
     model.compile(
