@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import clusterlib
@@ -275,26 +276,35 @@ def test_a_variable_missing_from_the_checkpoint_is_one_sentence(project, tmp_pat
 
 
 @pytest.mark.cluster
-def test_warm_start_under_parameter_server(project, source, tmp_path):
-    """chief + 1 worker + 1 ps via tfdist-launch, from a one_device run's model_dir."""
+@pytest.mark.parametrize(
+    "strategy, launch_args, chief",
+    [
+        ("parameter_server", ["--num_workers=1", "--num_ps=1"], "chief:0"),
+        ("multi_worker_mirrored", ["--num_workers=2"], "worker:0"),
+    ],
+)
+def test_warm_start_under_a_cluster(project, source, tmp_path, strategy, launch_args, chief):
+    """From a one_device run's model_dir, via tfdist-launch: under parameter_server the chief
+    assigns the variables on the ps; under multi_worker_mirrored every worker assigns its copy
+    (the weights fingerprints agree at the end)."""
     model_dir = tmp_path / "model"
     args = train_args(
-        model_dir, *FROZEN, "train.steps_per_loop=5", *warm(source), strategy="parameter_server"
+        model_dir, *FROZEN, "train.steps_per_loop=5", *warm(source), strategy=strategy
     )
     result = clusterlib.run(
-        launch_cmd(["--num_workers=1", "--num_ps=1"], args),
-        env=user_env(project),
-        cwd=str(project),
-        timeout=TIMEOUT_S,
+        launch_cmd(launch_args, args), env=user_env(project), cwd=str(project), timeout=TIMEOUT_S
     )
     out = expect_exit(result, 0)
     assert any(
-        line.startswith("[chief:0]") and "4 of 4 variables warm-started" in line
+        line.startswith(f"[{chief}]") and "4 of 4 variables warm-started" in line
         for line in out.splitlines()
     ), out[-4000:]
     assert_same(weights(project, str(model_dir)), weights(project, str(source)), NAMES)
     assert step_values(model_dir) == {"global_step": 10, "optimizer_iterations": 10}
     assert report(model_dir)["warm_started"] == NAMES
+    if strategy == "multi_worker_mirrored":
+        prints = re.findall(r"^\[worker:\d\] .*weights fingerprint (\w+)$", out, re.M)
+        assert len(prints) == 2 and len(set(prints)) == 1, f"the workers' weights: {prints}"
     assert clusterlib.no_process_left(str(model_dir)) == []
 
 
