@@ -328,4 +328,10 @@ def test_relative_names():
         "head/bias",
     ]
     assert relative_names(["a/kernel", "b/kernel"]) == ["a/kernel", "b/kernel"]
+    # A variable outside the model's scope keeps its whole name; the model's lose the prefix.
+    assert relative_names(["m/dense/kernel", "m/dense/bias", "total"]) == [
+        "dense/kernel",
+        "dense/bias",
+        "total",
+    ]
     assert relative_names(["kernel"]) == ["kernel"]

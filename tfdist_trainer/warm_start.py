@@ -212,15 +212,21 @@ class WarmStart:
 
 
 def relative_names(paths: list[str]) -> list[str]:
-    """Variable paths without the model's own name, when all of them start with it.
+    """Variable paths without the model's own name: the first component most paths share.
 
     ``sequential/dense/kernel`` and ``sequential_3/dense/kernel`` (the same
-    model, built after another one in the process) both become ``dense/kernel``.
+    model, built after another one in the process) both become
+    ``dense/kernel``. The same rule runs on the model and on the checkpoint,
+    so a name that lacks the common first component (a variable created
+    outside the model's scope) is kept whole on both sides.
     """
-    parts = [path.split("/", 1) for path in paths]
-    if parts and all(len(p) == 2 for p in parts) and len({p[0] for p in parts}) == 1:
-        return [p[1] for p in parts]
-    return list(paths)
+    firsts = [path.split("/", 1)[0] for path in paths if "/" in path]
+    if not firsts:
+        return list(paths)
+    common = max(set(firsts), key=firsts.count)
+    if firsts.count(common) * 2 <= len(paths):
+        return list(paths)
+    return [path.removeprefix(common + "/") for path in paths]
 
 
 def _table(variables: list[Any], names: list[str], chosen: set[int]) -> str:
