@@ -55,12 +55,17 @@ SCRIPT = textwrap.dedent("""
                 self.per_replica_batch_size(input_context))
 
         def compute_loss(self, labels, predictions):
-            return tf.reduce_mean(tf.square(labels - predictions), axis=-1)
+            return tf.reduce_mean(tf.square(labels - tf.cast(predictions, tf.float32)), axis=-1)
 
 
     results["tiny"] = tfdist_trainer.train(
-        Tiny, gin_bindings=["train.train_steps=15", "train.strategy=@one_device", "Trainer.global_batch_size=16"],
+        Tiny, gin_bindings=["train.train_steps=15", "train.strategy=@one_device", "Trainer.global_batch_size=16",
+                            "train.mixed_precision='mixed_bfloat16'"],
         model_dir=model_dir + "/tiny")
+    # The process is as it was: the dtype policy, and SIGTERM ends it.
+    import signal
+    results["after"] = {"policy": keras.mixed_precision.global_policy().name,
+                        "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
     print(json.dumps(results))
 """)
 
@@ -88,6 +93,7 @@ def test_train_from_python_resumes_and_takes_a_trainer_class(tmp_path):
     with open(tmp_path / "mnist" / "training_done") as f:
         assert "30" in f.read()
     assert tiny["step"] == 15 and tiny["loss"] >= 0
+    assert results["after"] == {"policy": "float32", "sigterm_default": True}
     assert os.path.exists(tmp_path / "tiny" / "ckpt-15.index")
 
 

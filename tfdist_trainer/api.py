@@ -14,6 +14,8 @@ Importing this module starts no TensorFlow.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,9 +54,11 @@ def train(
         model_parallel with data_parallel). Errors of the run itself propagate as with the
         CLI (e.g. NonFiniteLossError); none of them exits the interpreter.
 
-    Gin's configuration is global: each call clears it and parses its own files. TensorFlow's
-    devices are fixed when it first starts in a process, so a notebook that trains under
-    mirrored on logical CPUs must not have run another strategy first (restart the kernel).
+    The run's SIGTERM handler (save a checkpoint, then stop) and its mixed-precision policy
+    are undone when it returns. Gin's configuration is global: each call clears it and
+    parses its own files. TensorFlow's devices are fixed when it first starts in a process,
+    so a notebook that trains under mirrored on logical CPUs must not have run another
+    strategy first (restart the kernel).
     """
     from absl import logging
 
@@ -98,6 +102,16 @@ def train(
     if is_file:
         raise ConfigError(f"model_dir {model_dir} is a file, not a directory; pick another path.")
 
+    import keras
+
     from tfdist_trainer import controller
 
-    return controller.run_training(experiment, cluster, model_dir)
+    # What the run changes for the whole process goes back as it was: a notebook goes on.
+    previous_policy = keras.mixed_precision.global_policy()
+    previous_sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        return controller.run_training(experiment, cluster, model_dir)
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous_sigterm)
