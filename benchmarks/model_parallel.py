@@ -143,7 +143,7 @@ def serve(args: argparse.Namespace) -> None:
 
         run.info = dict(spec)
         if spec["devices"] > 1:
-            run.info["bytes_per_device"] = [d["bytes"] for d in config._placement.per_device()]
+            run.info["bytes_per_device"] = [d["bytes"] for d in runtime.placement.per_device()]
         return run
 
     _common.serve_variant(build, args.steps)  # tracing and the first steps, untimed
