@@ -2,8 +2,9 @@
 
 The runs happen in a fresh Python process, as in a notebook: one script trains
 the compiled-model recipe under mirrored from gin files, calls `train` again
-on the same model_dir (it resumes, as the CLI does), then trains a Trainer
-class passed as a Python object under one_device. Strategies that need one
+on the same model_dir (it resumes, as the CLI does), trains it under
+model_parallel, then trains a Trainer class passed as a Python object under
+one_device. Strategies that need one
 process per task, and a TF_CONFIG naming a cluster, are refused before
 TensorFlow starts a strategy, with a ConfigError that names the way out.
 """
@@ -42,6 +43,11 @@ SCRIPT = textwrap.dedent("""
         gin_files=gin_files, gin_bindings=small + ["train.train_steps=20"], model_dir=model_dir + "/mnist")
     results["resumed"] = tfdist_trainer.train(
         gin_files=gin_files, gin_bindings=small + ["train.train_steps=30"], model_dir=model_dir + "/mnist")
+    # Layers on the same 2 logical CPUs, pipelined over 2 micro-batches.
+    results["model_parallel"] = tfdist_trainer.train(
+        gin_files=["configs/keras_mnist.gin", "configs/strategies/model_parallel.gin"],
+        gin_bindings=small + ["train.train_steps=10", "model_parallel.num_micro_batches=2"],
+        model_dir=model_dir + "/model_parallel")
 
 
     class Tiny(tfdist_trainer.Trainer):  # not registered with gin: passed as a Python class
@@ -92,6 +98,8 @@ def test_train_from_python_resumes_and_takes_a_trainer_class(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "train"] == [10, 20, 30]
     with open(tmp_path / "mnist" / "training_done") as f:
         assert "30" in f.read()
+    assert results["model_parallel"]["step"] == 10 and "eval_accuracy" in results["model_parallel"]
+    assert "strategy model_parallel with 1 replica(s) in sync" in proc.stdout
     assert tiny["step"] == 15 and tiny["loss"] >= 0
     assert results["after"] == {"policy": "float32", "sigterm_default": True}
     assert os.path.exists(tmp_path / "tiny" / "ckpt-15.index")
