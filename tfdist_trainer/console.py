@@ -167,6 +167,17 @@ def _is_chatter(source: str | None, message: str, patterns) -> bool:
     )
 
 
+def strip_role(line: str) -> str:
+    """The line without its leading role prefix ("[worker:1] ", "[local] "), if any.
+
+    One task's header lines carry the prefix the task printed and its other lines
+    the one the launcher adds; a per-task filter fed bare lines keeps one record
+    state for both.
+    """
+    role = _ROLE.match(line)
+    return line[role.end() :] if role else line
+
+
 def strip_header(line: str) -> str:
     """``[chief:0] I1123 07:48:48.41 1406 controller.py:91] step 10`` -> ``[chief:0] step 10``."""
     role = _ROLE.match(line)

@@ -328,7 +328,9 @@ class LocalCluster:
             line = raw.decode(errors="replace").rstrip("\n")
             if not line.startswith(own_prefixes):
                 line = f"[{task.role}] {line}"
-            if not shown(line) and not self.console_chatter:  # known TF chatter: the log file only
+            if (
+                not shown(console.strip_role(line)) and not self.console_chatter
+            ):  # known TF chatter: the log file only
                 continue
             with self._print_lock:
                 print(line, flush=True)
