@@ -8,6 +8,7 @@ TensorFlow is imported take about a second; the others about five.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -102,6 +103,25 @@ def test_task_type_missing_from_cluster(model_dir):
         r.returncode,
         model_dir,
         ["TF_CONFIG", "'ps' is not in the cluster", "which has worker"],
+        model_dir=model_dir,
+    )
+
+
+def test_tf_config_with_both_master_and_chief(model_dir):
+    """'master' is the Estimator-era name of 'chief': both at once would silently lose one address."""
+    cluster = pick_cluster({"worker": 1})
+    text = json.dumps(
+        {
+            "cluster": {"master": ["127.0.0.1:1"], "chief": ["127.0.0.1:2"], **cluster},
+            "task": {"type": "master", "index": 0},
+        }
+    )
+    r = _train(*_mnist("multi_worker_mirrored", model_dir), tf_config_text=text)
+    _check(
+        r.stdout,
+        r.returncode,
+        model_dir,
+        ["TF_CONFIG", "names the chief twice", "'master'", "'chief'", "keep one of them"],
         model_dir=model_dir,
     )
 

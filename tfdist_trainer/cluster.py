@@ -196,6 +196,11 @@ def _validated(
     normalized: dict[str, tuple[str, ...]] = {}
     for raw_type, addresses in cluster.items():
         t = _normalize_type(raw_type, where)
+        if t in normalized:  # e.g. both "master" and "chief": one would silently replace the other
+            raise ClusterConfigError(
+                f"{where}: the cluster names the {t} twice ({', '.join(repr(r) for r in cluster if _normalize_type(r, where) == t)}); "
+                f"'master' is the old name of 'chief': keep one of them."
+            )
         if isinstance(addresses, str):
             addresses = [addresses]
         if not isinstance(addresses, (list, tuple)) or not addresses:
