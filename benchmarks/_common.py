@@ -153,6 +153,10 @@ def time_interleaved(
 
     Interleaving makes load drift on a shared machine hit every variant alike;
     a garbage collection before each timing keeps Python's pauses out of it.
+    A runner that times itself (a `VariantProcesses` runner: the child's own
+    clock around the run, without the pipe round trip or the child's garbage
+    collection) reports its seconds as ``runner.last_seconds``, which is then
+    used instead of this process's clock.
     Prints steps/s per round; returns ({name: [seconds per repetition]},
     {name: what its last call returned}, e.g. the loss).
     """
@@ -167,7 +171,8 @@ def time_interleaved(
             gc.collect()
             t0 = time.perf_counter()
             last[name] = runners[name](steps)
-            times[name].append(time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            times[name].append(getattr(runners[name], "last_seconds", None) or seconds)
         print(
             f"[{tag}] round {rep + 1}/{repeats}: "
             + " ".join(f"{n}={steps / times[n][-1]:.1f}" for n in names)
@@ -189,14 +194,19 @@ def add_variant_process_arg(parser) -> None:
 
 
 def serve_variant(
-    build: Callable[[], Callable[[int], Any]], warmup_steps: int, info: dict[str, Any] | None = None
+    build: Callable[[], Callable[[Any], Any]],
+    warmup_steps: int | None,
+    info: dict[str, Any] | None = None,
 ) -> None:
-    """The child's side: builds one variant, warms it up, then runs the steps its parent asks for.
+    """The child's side: builds one variant, warms it up, then runs what its parent asks for.
 
-    Each request is a line with a number of steps; each answer one JSON line
-    with the run's seconds, its user and system CPU seconds (getrusage: robust
-    on a loaded machine) and what the run returned (e.g. the loss). Leaves the
-    process when stdin closes.
+    Each request is one JSON line (a number of steps, or whatever the variant's
+    run function takes, e.g. a seed) passed to the run function; each answer
+    one JSON line with the run's seconds, its user and system CPU seconds
+    (getrusage: robust on a loaded machine) and what the run returned (e.g. the
+    loss; it must be JSON). ``warmup_steps=None`` skips the warm-up call (the
+    build warms up itself). The ready line carries `environment()` (this
+    process's device: CPU model, GPUs). Leaves the process when stdin closes.
     """
     import gc
     import resource
@@ -204,19 +214,20 @@ def serve_variant(
 
     t0 = time.perf_counter()
     run = build()
-    warmup = run(warmup_steps)
+    warmup = None if warmup_steps is None else run(warmup_steps)
     ready = {
         "build_and_warmup_s": time.perf_counter() - t0,
         "warmup_result": warmup,
         **(info or {}),
         **getattr(run, "info", {}),
+        "environment": environment(),
     }
     print(_REPLY + json.dumps(ready), flush=True)
     for line in sys.stdin:
-        steps = int(line)
+        request = json.loads(line)
         gc.collect()
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        result = run(steps)
+        result = run(request)
         seconds = time.perf_counter() - t0
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         print(
@@ -240,13 +251,24 @@ class VariantProcesses:
     Each child is ``python -m <module> <argv> --variant_process=<name>`` and
     calls `serve_variant`. Children start one after another (each warms up
     alone); `runners` are callables for `time_interleaved`, which then runs
-    one child at a time while the others wait idle on their stdin.
+    one child at a time while the others wait idle on their stdin. `drop_env`
+    names variables the children must not inherit (e.g. TF_CONFIG, for a
+    one_device child of a cluster task).
     """
 
-    def __init__(self, module: str, names: Sequence[str], argv: Sequence[str], tag: str):
+    def __init__(
+        self,
+        module: str,
+        names: Sequence[str],
+        argv: Sequence[str],
+        tag: str,
+        drop_env: Sequence[str] = (),
+    ):
         import subprocess
 
         env = dict(os.environ)
+        for key in drop_env:
+            env.pop(key, None)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.tag = tag
@@ -284,15 +306,31 @@ class VariantProcesses:
             f"its output is above."
         )
 
-    def runner(self, name: str) -> Callable[[int], Any]:
-        def run(steps: int) -> Any:
-            self.procs[name].stdin.write(f"{steps}\n")
-            self.procs[name].stdin.flush()
-            reply = self._reply(name)
-            self.runs[name].append(reply)
+    def request(self, name: str, request: Any) -> dict[str, Any]:
+        """Sends one request (JSON) to the variant's process; returns its whole answer (seconds, CPU, result)."""
+        self.procs[name].stdin.write(json.dumps(request) + "\n")
+        self.procs[name].stdin.flush()
+        reply = self._reply(name)
+        self.runs[name].append(reply)
+        return reply
+
+    def runner(self, name: str) -> Callable[[Any], Any]:
+        """A callable for `time_interleaved`: returns the child's result, its seconds as ``.last_seconds``."""
+
+        def run(steps: Any) -> Any:
+            reply = self.request(name, steps)
+            run.last_seconds = reply["seconds"]
             return reply["result"]
 
+        run.last_seconds = None
         return run
+
+    def device(self) -> dict[str, Any]:
+        """The device the children ran on (from their ready lines); they all share this machine's."""
+        for info in self.info.values():
+            if "environment" in info:
+                return info["environment"].get("device", {})
+        return {}
 
     def runners(self) -> dict[str, Callable[[int], Any]]:
         return {name: self.runner(name) for name in self.procs}
@@ -360,11 +398,53 @@ def format_table(
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), or what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def gpu_names() -> list[str]:
+    """The GPUs TensorFlow sees, by model name (e.g. 'NVIDIA H100 80GB HBM3'); needs TF imported."""
+    import tensorflow as tf
+
+    names = []
+    for device in tf.config.list_physical_devices("GPU"):
+        try:
+            details = tf.config.experimental.get_device_details(device)
+        except Exception:  # noqa: BLE001 - the name is informative only
+            details = {}
+        names.append(details.get("device_name") or device.name)
+    return names
+
+
+def device_info() -> dict[str, Any]:
+    """What a benchmark ran on: the CPU model and cores, and the GPUs TF sees (when TF is imported)."""
+    info: dict[str, Any] = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count()}
+    if "tensorflow" in sys.modules:
+        info["gpus"] = gpu_names()
+        info["summary"] = (
+            ", ".join(info["gpus"]) if info["gpus"] else f"CPU only: {info['cpu_model']}"
+        )
+    else:
+        info["summary"] = f"{info['cpu_model']} (GPUs: not queried, TensorFlow not loaded)"
+    return info
+
+
 def environment() -> dict[str, Any]:
+    """Python, platform, load and the device (`device_info`); TF's versions and GPUs when TF is imported."""
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "device": device_info(),
     }
     try:
         info["load_average_1m"] = os.getloadavg()[0]

@@ -34,18 +34,26 @@ and compile the step functions is included, as a user waits for it:
                       other jobs on a shared machine (it counts work, not waiting)
   steps to target     the global step of that evaluation (a multiple of --eval_every)
 
+Each variant runs in its own process (benchmarks._common.VariantProcesses:
+this module re-run with a hidden --variant_process flag), so that neither can
+slow the other (threads or caches one variant leaves behind cannot touch the
+other's timings); each process loads the data itself and does one untimed
+warm-up interval (process-level start-up costs, e.g. the first trace of Keras
+and TF internals) before it is timed. The parent process only sends seeds and
+gathers the results; it does not import TensorFlow.
+
 Repetitions use seeds seed, seed+1, ... (each seed fixes the initial weights and
 the shuffle order, the same for both variants); the two variants of one
-repetition run back to back, the order alternating between repetitions, after
-one untimed warm-up of each (process-level start-up costs). Reported: the
-median and min..max over repetitions, per-seed steps, and the speedup fit time /
-trainer time, paired per repetition (median, min..max). No timing is asserted.
+repetition run back to back, one process at a time, the order alternating
+between repetitions. Reported: the median and min..max over repetitions,
+per-seed steps, and the speedup fit time / trainer time, paired per
+repetition (median, min..max), against the fit baseline measured in the same
+run. No timing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
@@ -129,7 +137,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="tiny model, target 0.5, eval every 20 steps, one repetition, no warm-up (for tests)",
     )
+    _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.smoke:
         args.target_accuracy, args.eval_every, args.max_steps, args.repeats = 0.5, 20, 400, 1
         args.filters, args.dense_units, args.batch_size, args.eval_batch_size = "4,8", 16, 16, 128
@@ -519,7 +529,12 @@ def make_figures(payload: dict) -> list[dict]:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def run(args: argparse.Namespace) -> dict:
+DATASET_KEYS = ("label", "short_name", "is_mnist", "train_examples", "test_examples")
+
+
+def serve(args: argparse.Namespace) -> None:
+    """A child process: loads the data, builds the variant named by --variant_process, warms it up,
+    then trains from scratch to the target once per seed its parent sends."""
     _common.quiet_tensorflow()
     import tensorflow as tf
 
@@ -528,64 +543,102 @@ def run(args: argparse.Namespace) -> dict:
     tf.get_logger().addFilter(
         lambda record: "triggered tf.function retracing" not in record.getMessage()
     )
-    environment = _common.environment()  # load average before the run
+    name = args.variant_process
+    if name not in RUNNERS:
+        raise SystemExit(f"[{NAME}] unknown variant {name!r}")
     data = load_data(args)
-    print(
-        f"[{NAME}] data: {data['label']} ({data['train_examples']} train / {data['test_examples']} test)",
-        flush=True,
-    )
-    if not data["is_mnist"]:
-        print(
-            f"[{NAME}] NOTE: no MNIST on this machine (no TFDS mnist, no --idx_dir): timing the offline "
-            f"digits fallback, which is NOT MNIST; pass --idx_dir or --tfds_data_dir for MNIST.",
-            flush=True,
-        )
+    info = {
+        "dataset": {k: data[k] for k in DATASET_KEYS},
+        "device_name": tf.config.list_logical_devices()[0].name,
+        "warmup_s": None,
+    }
+
+    def build():
+        if not args.no_warmup:  # one interval, target unreachable: process start-up costs, untimed
+            t0 = time.perf_counter()
+            RUNNERS[name](args, data, args.seed, args.eval_every, 2.0)
+            info["warmup_s"] = time.perf_counter() - t0
+
+        def run_seed(seed: int) -> dict[str, Any]:
+            return RUNNERS[name](args, data, seed, args.max_steps, args.target_accuracy)
+
+        return run_seed
+
+    _common.serve_variant(build, None, info)
+
+
+def run(args: argparse.Namespace) -> dict:
+    load_start = _common.environment()  # load average before the run (no TensorFlow here)
     print(
         f"[{NAME}] target test accuracy >= {args.target_accuracy}, eval every {args.eval_every} steps, "
         f"at most {args.max_steps} steps, batch {args.batch_size}, {args.repeats} repetition(s), "
-        f"on {tf.config.list_logical_devices()[0].name}",
+        f"one process per variant",
         flush=True,
     )
-
-    if not args.no_warmup:
-        for (
-            name
-        ) in VARIANTS:  # one interval each, target unreachable: process start-up costs, untimed
-            t0 = time.perf_counter()
-            RUNNERS[name](args, data, args.seed, args.eval_every, 2.0)
-            print(f"[{NAME}] warm-up {name}: {time.perf_counter() - t0:.1f}s", flush=True)
-
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    for rep in range(args.repeats):
-        seed = args.seed + rep
-        order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
-        for name in order:
-            gc.collect()
-            result = RUNNERS[name](args, data, seed, args.max_steps, args.target_accuracy)
-            runs[name].append({"seed": seed, "order": order.index(name), **result})
-        line = []
-        for name in VARIANTS:
-            r = runs[name][-1]
-            line.append(
-                f"{name}: step {r['steps_to_target']} acc {r['accuracy_at_target']:.4f} "
-                f"train {r['train_s_to_target']:.2f}s wall {r['wall_s_to_target']:.2f}s"
-                if r["reached"]
-                else f"{name}: NOT reached in {r['steps_run']} steps (best {r['best_accuracy']:.4f})"
-            )
+    procs = _common.VariantProcesses(f"benchmarks.{NAME}", VARIANTS, args.argv, NAME)
+    try:
+        data = procs.info[VARIANTS[0]]["dataset"]
+        for name in VARIANTS[1:]:
+            if procs.info[name]["dataset"] != data:
+                raise RuntimeError(
+                    f"[{NAME}] the variants loaded different data: {procs.info[VARIANTS[0]]['dataset']} "
+                    f"vs {procs.info[name]['dataset']}"
+                )
         print(
-            f"[{NAME}] repetition {rep + 1}/{args.repeats} (seed {seed}): " + "; ".join(line),
+            f"[{NAME}] data: {data['label']} ({data['train_examples']} train / {data['test_examples']} "
+            f"test), on {procs.info[VARIANTS[0]]['device_name']}",
             flush=True,
         )
+        if not data["is_mnist"]:
+            print(
+                f"[{NAME}] NOTE: no MNIST on this machine (no TFDS mnist, no --idx_dir): timing the "
+                f"offline digits fallback, which is NOT MNIST; pass --idx_dir or --tfds_data_dir for MNIST.",
+                flush=True,
+            )
+        for name in VARIANTS:
+            if procs.info[name]["warmup_s"] is not None:
+                print(f"[{NAME}] warm-up {name}: {procs.info[name]['warmup_s']:.1f}s", flush=True)
+
+        runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
+        for rep in range(args.repeats):
+            seed = args.seed + rep
+            order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+            for name in order:  # one process at a time; the other waits idle on its stdin
+                result = procs.request(name, seed)["result"]
+                runs[name].append({"seed": seed, "order": order.index(name), **result})
+            line = []
+            for name in VARIANTS:
+                r = runs[name][-1]
+                line.append(
+                    f"{name}: step {r['steps_to_target']} acc {r['accuracy_at_target']:.4f} "
+                    f"train {r['train_s_to_target']:.2f}s wall {r['wall_s_to_target']:.2f}s"
+                    if r["reached"]
+                    else f"{name}: NOT reached in {r['steps_run']} steps (best {r['best_accuracy']:.4f})"
+                )
+            print(
+                f"[{NAME}] repetition {rep + 1}/{args.repeats} (seed {seed}): " + "; ".join(line),
+                flush=True,
+            )
+    finally:
+        procs.close()
 
     results = {name: summarize_variant(name, runs[name], args) for name in VARIANTS}
+    for name in VARIANTS:
+        results[name]["process"] = {
+            "pid": procs.procs[name].pid,
+            "parent_pid": os.getpid(),
+            "build_and_warmup_s": procs.info[name]["build_and_warmup_s"],
+            "warmup_s": procs.info[name]["warmup_s"],
+            "device_name": procs.info[name]["device_name"],
+        }
     speedups = {key: paired_speedups(results, key) for key in SPEEDUP_KEYS}
+    # The variants' own environment (TensorFlow, Keras, GPUs, device) with the load averages seen here.
+    environment = {**procs.info[VARIANTS[0]]["environment"]}
+    environment["load_average_1m"] = load_start.get("load_average_1m")
     try:
         environment["load_average_1m_end"] = os.getloadavg()[0]
     except OSError:
         pass
-    environment.update(
-        {k: v for k, v in _common.environment().items() if k in ("tensorflow", "keras", "gpus")}
-    )
     payload = {
         "benchmark": NAME,
         "smoke": args.smoke,
@@ -607,11 +660,9 @@ def run(args: argparse.Namespace) -> dict:
             "tfds_data_dir": args.tfds_data_dir,
             "strategy": "one_device",
             "warmup": not args.no_warmup,
+            "process_layout": "one process per variant, repetitions interleaved (alternating order)",
         },
-        "dataset": {
-            k: data[k]
-            for k in ("label", "short_name", "is_mnist", "train_examples", "test_examples")
-        },
+        "dataset": data,
         "environment": environment,
         "baseline": BASELINE,
         "results": results,
@@ -722,7 +773,11 @@ def format_report(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run(parse_args(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.variant_process:
+        serve(args)
+    else:
+        run(args)
     return 0
 
 

@@ -17,9 +17,14 @@ barrier before each timed segment, untimed warm-up first):
                   time per step. Keras' optimizer all-reduces the gradients inside apply_gradients
                   (``get_replica_context().all_reduce(SUM, grads)``), and the loop reduces the loss.
   local_step      the same step with no cross-worker communication: loops.TrainLoop under
-                  strategies.OneDevice on the same per-replica batch (global / workers), run by every
-                  worker at the same time (so both compete for the CPUs as in train_step). train_step -
-                  local_step estimates the time per step spent communicating (and waiting for the peer).
+                  strategies.OneDevice on the same per-replica batch (global / workers), in a process of
+                  its own (each worker starts one child, without TF_CONFIG, through
+                  benchmarks._common.VariantProcesses, before it joins the cluster), so that nothing of
+                  the MWMS run - its collective executor, gRPC and input threads - shares a process with
+                  it. Every worker's child runs at the same time, on the same barrier schedule (so both
+                  compete for the CPUs as in train_step); its time is the child's own clock around the
+                  steps. train_step - local_step estimates the time per step spent communicating (and
+                  waiting for the peer).
   allreduce       the gradient list (shapes and dtypes of model.trainable_variables, held in variables
                   so nothing folds to a constant) all-reduced as the optimizer does it: inside
                   strategy.run, ``tf.distribute.get_replica_context().all_reduce(SUM, grads)``, in a
@@ -164,6 +169,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--worker", default=None, help=argparse.SUPPRESS
     )  # internal: run as one worker task
+    _common.add_variant_process_arg(p)  # internal, with --worker: a worker's local_step process
     args = p.parse_args(argv)
     if args.worker is not None:
         return args
@@ -275,10 +281,55 @@ class _Keys:
         return key
 
 
+def serve_local_step(cfg: dict) -> None:
+    """A worker's child process: the one_device step on the per-replica batch, served to the worker."""
+    _common.quiet_tensorflow()
+    from tfdist_trainer.strategies import OneDevice
+
+    pool = _common.load_pool(cfg["data"], cfg["pool_size"], cfg["seed"])
+    _common.serve_variant(
+        lambda: _common.trainer_loop(
+            OneDevice(),
+            pool,
+            batch_size=cfg["batch_size"] // cfg["num_workers"],
+            filters=tuple(cfg["filters"]),
+            dense_units=cfg["dense_units"],
+            steps_per_loop=cfg["steps_per_loop"],
+            seed=cfg["seed"],
+        ),
+        cfg["warmup_steps"],
+        {"description": DESCRIPTIONS["local_step"]},
+    )
+
+
+def start_local_step(cfg: dict) -> _common.VariantProcesses | None:
+    """The local_step child (built and warmed up before this worker joins the cluster), or None."""
+    if "local_step" not in cfg["variants"]:
+        return None
+    return _common.VariantProcesses(
+        f"benchmarks.{NAME}",
+        ["local_step"],
+        [f"--worker={json.dumps(cfg)}"],
+        f"{NAME} local_step",
+        drop_env=("TF_CONFIG",),
+    )
+
+
 def worker_main(cfg: dict) -> int:
     _common.quiet_tensorflow()
+    # First, before any TensorFlow here: the one_device comparison in a process of its own. Its peers
+    # wait for this worker's port meanwhile (wait_for_tasks, --startup_timeout_s).
+    local_procs = start_local_step(cfg)
+    try:
+        return _worker_main(cfg, local_procs)
+    finally:
+        if local_procs is not None:
+            local_procs.close()
+
+
+def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int:
     from tfdist_trainer import cluster as cluster_lib
-    from tfdist_trainer.strategies import MultiWorkerMirrored, OneDevice
+    from tfdist_trainer.strategies import MultiWorkerMirrored
 
     cluster_lib.set_grpc_environment()
     cluster = cluster_lib.from_tf_config(os.environ["TF_CONFIG"])
@@ -350,20 +401,8 @@ def worker_main(cfg: dict) -> int:
     grad_bytes = sum(t["bytes"] for t in tensors)
     flat_elements = grad_bytes // 4  # float32 elements of the same total bytes
 
-    # (d) the same step with no communication: one_device, per-replica batch.
-    local_trainer = None
-    if "local_step" in variants:
-        local_strategy = strategy_runtime.start(OneDevice()).strategy
-        local_trainer = trainer_cls(
-            pool=pool,
-            global_batch_size=cfg["batch_size"] // workers,
-            filters=filters,
-            dense_units=dense,
-        )
-        local_step, _ = state_lib.build_state(local_trainer, local_strategy)
-        local_loop = loops.TrainLoop(
-            local_strategy, local_trainer, local_step, cfg["steps_per_loop"]
-        )
+    # (d) the same step with no communication: one_device, per-replica batch, in its own process
+    # (started by worker_main before this process joined the cluster).
 
     # Inputs of the collectives, held in (local, non-distributed) variables so Grappler cannot fold them.
     with tf.device(device):
@@ -515,7 +554,7 @@ def worker_main(cfg: dict) -> int:
 
     runners = {
         "train_step": lambda count: mwms_loop.train(count),
-        "local_step": lambda count: local_loop.train(count),
+        "local_step": local_procs.runner("local_step") if local_procs else None,
         "allreduce": lambda count: run_ops(allreduce_fn, count),
         "raw_collective": lambda count: run_ops(raw_flat_fn, count, 1),
         "raw_per_tensor": lambda count: run_ops(raw_per_tensor_fn, count, len(grad_vars)),
@@ -532,6 +571,12 @@ def worker_main(cfg: dict) -> int:
         t0 = time.perf_counter()
         runners[name](warmups[name])
         info[name] = {"warmup_s": time.perf_counter() - t0, "warmup_units": warmups[name]}
+        if name == "local_step":
+            child = local_procs.info["local_step"]
+            info[name].update(
+                process=f"own process (pid {local_procs.procs['local_step'].pid}), no TF_CONFIG",
+                build_and_first_warmup_s=child["build_and_warmup_s"],
+            )
     for (
         name
     ) in variants:  # a second, short pass: the first call after other functions traced can be slow
@@ -549,7 +594,9 @@ def worker_main(cfg: dict) -> int:
             barrier()
             t0 = time.perf_counter()
             runners[name](counts[name])
-            times[name].append(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            # A child process's own clock around its steps (no pipe round trip), when it has one.
+            times[name].append(getattr(runners[name], "last_seconds", None) or elapsed)
         log(
             f"round {rep + 1}/{cfg['repeats']}: "
             + " ".join(f"{n}={1e3 * times[n][-1] / counts[n]:.3f}ms" for n in variants)
@@ -936,6 +983,9 @@ def format_report(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker is not None and args.variant_process == "local_step":
+        serve_local_step(json.loads(args.worker))
+        return 0
     if args.worker is not None:
         return worker_main(json.loads(args.worker))
     run(args)

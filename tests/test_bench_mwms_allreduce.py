@@ -95,6 +95,9 @@ def test_mwms_allreduce_smoke(tmp_path):
         assert r["time_per_unit_ms_median"] > 0
         assert r["unit"] == ("step" if name in ("train_step", "local_step") else "all-reduce")
     assert payload["results"]["raw_collective"]["time_ratio_vs_raw_collective"] == 1.0
+    # The one_device comparison ran in a process of its own, not beside the MWMS run.
+    assert payload["results"]["local_step"]["process"].startswith("own process")
+    assert payload["environment"]["device"]["cpu_model"]
     assert {
         "allreduce_over_raw_collective",
         "train_step_over_local_step",

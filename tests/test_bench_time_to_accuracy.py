@@ -72,6 +72,13 @@ def test_time_to_accuracy_smoke(tmp_path):
             assert 0 < run["train_s_to_target"] <= run["wall_s_to_target"]
         assert result["train_s_to_target"]["median"] > 0
     assert payload["results"]["fit_default"]["runs"][0]["steps_per_execution"] == 1
+    # Each variant ran in a process of its own (not the parent's), and the device is recorded.
+    pids = {name: r["process"]["pid"] for name, r in payload["results"].items()}
+    assert len(set(pids.values())) == 2, pids
+    assert all(r["process"]["parent_pid"] not in pids.values() for r in payload["results"].values())
+    assert cfg["process_layout"].startswith("one process per variant")
+    assert payload["environment"]["device"]["cpu_model"]
+    assert isinstance(payload["environment"]["device"]["gpus"], list)
 
     for key in ("train_s_to_target", "wall_s_to_target", "cpu_s_to_target"):
         assert payload["speedups"][key]["pairs"] == 1 and payload["speedups"][key]["median"] > 0
