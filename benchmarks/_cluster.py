@@ -222,3 +222,25 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def run_benchmark_process(module: str, out: str, argv: list[str], what: str) -> dict:
+    """Runs ``python -m <module> --out=<out> <argv>`` in a fresh process and returns the JSON it wrote.
+
+    For a measurement that must not share a process (or a cluster) with the
+    others: the child starts its own cluster and chief, measures, and leaves.
+    Its output is kept; on failure it is shown (tail) in the error.
+    """
+    cmd = [sys.executable, "-m", module, *argv, f"--out={out}"]
+    proc = subprocess.run(
+        cmd,
+        cwd=_common.REPO,
+        env=task_env(None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+    with open(os.path.join(out, f"{module.rsplit('.', 1)[-1]}.json")) as f:
+        return json.load(f)

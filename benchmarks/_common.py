@@ -274,6 +274,7 @@ class VariantProcesses:
         self.tag = tag
         self.procs: dict[str, Any] = {}
         self.info: dict[str, dict[str, Any]] = {}
+        self.environments: dict[str, dict[str, Any] | None] = {}  # each child's `environment()`
         self.runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         try:
             for name in names:
@@ -286,6 +287,7 @@ class VariantProcesses:
                     text=True,
                 )
                 self.info[name] = self._reply(name)
+                self.environments[name] = self.info[name].pop("environment", None)
                 print(
                     f"[{tag}] {name}: built and warmed up in its own process (pid {self.procs[name].pid}) in "
                     f"{self.info[name]['build_and_warmup_s']:.1f}s",
@@ -325,15 +327,14 @@ class VariantProcesses:
         run.last_seconds = None
         return run
 
-    def device(self) -> dict[str, Any]:
-        """The device the children ran on (from their ready lines); they all share this machine's."""
-        for info in self.info.values():
-            if "environment" in info:
-                return info["environment"].get("device", {})
-        return {}
-
-    def runners(self) -> dict[str, Callable[[int], Any]]:
-        return {name: self.runner(name) for name in self.procs}
+    def environment(self) -> dict[str, Any]:
+        """`environment()` as the children saw it (TensorFlow, Keras, GPUs, device), with this load average."""
+        env = environment()
+        for child in self.environments.values():
+            if child:
+                env.update({k: v for k, v in child.items() if not k.startswith("load_average")})
+                break
+        return env
 
     def cpu_ms_per_step(self, name: str, steps: int) -> dict[str, float]:
         """Median user and system CPU milliseconds per step of the variant's timed runs (its own process)."""
@@ -425,16 +426,40 @@ def gpu_names() -> list[str]:
     return names
 
 
+def nvidia_smi_gpus() -> list[str] | None:
+    """GPU names from nvidia-smi (no TensorFlow needed); None where there is no nvidia-smi."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def device_info() -> dict[str, Any]:
-    """What a benchmark ran on: the CPU model and cores, and the GPUs TF sees (when TF is imported)."""
+    """What a benchmark ran on: the CPU model and cores, and the GPUs (TF's view when TF is imported)."""
     info: dict[str, Any] = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count()}
     if "tensorflow" in sys.modules:
-        info["gpus"] = gpu_names()
-        info["summary"] = (
-            ", ".join(info["gpus"]) if info["gpus"] else f"CPU only: {info['cpu_model']}"
-        )
+        info["gpus"], info["gpus_from"] = gpu_names(), "tensorflow"
     else:
-        info["summary"] = f"{info['cpu_model']} (GPUs: not queried, TensorFlow not loaded)"
+        smi = nvidia_smi_gpus()
+        info["gpus"], info["gpus_from"] = (smi or []), ("nvidia-smi" if smi is not None else "none")
+    info["summary"] = (
+        ", ".join(info["gpus"]) + f" (CPU {info['cpu_model']})"
+        if info["gpus"]
+        else f"CPU only: {info['cpu_model']}"
+    )
     return info
 
 
@@ -500,13 +525,15 @@ def figure(
     spread: Sequence[float] | None,
     target: str | None = None,
     meets_target: bool | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """One headline figure of a benchmark, as run_all tabulates and charts it.
 
     Every figure names its baseline (measured in the same run), the ratio to
     it and what the ratio means (`ratio_label`, e.g. "speedup" or "time
     ratio"), the number of repetitions, and the spread of the ratio over them
-    (min, max), so that a reader can tell a real gap from noise.
+    (min, max), so that a reader can tell a real gap from noise. `key` is a
+    stable id for figures that a summary looks up (run_all's issue-11 targets).
     """
     return {
         "figure": name,
@@ -519,4 +546,5 @@ def figure(
         "spread": list(spread) if spread is not None else None,
         "target": target,
         "meets_target": meets_target,
+        "key": key,
     }

@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> dict:
             "data": args.data,
             "seed": args.seed,
         },
-        "environment": _common.environment(),
+        "environment": procs.environment(),
         "devices": devices,
         "baseline": BASELINE,
         "results": results,

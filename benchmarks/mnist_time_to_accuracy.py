@@ -633,7 +633,7 @@ def run(args: argparse.Namespace) -> dict:
         }
     speedups = {key: paired_speedups(results, key) for key in SPEEDUP_KEYS}
     # The variants' own environment (TensorFlow, Keras, GPUs, device) with the load averages seen here.
-    environment = {**procs.info[VARIANTS[0]]["environment"]}
+    environment = procs.environment()
     environment["load_average_1m"] = load_start.get("load_average_1m")
     try:
         environment["load_average_1m_end"] = os.getloadavg()[0]

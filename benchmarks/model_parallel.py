@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
         "config": {
             k: v for k, v in vars(args).items() if k not in ("out", "argv", "variant_process")
         },
-        "environment": _common.environment(),
+        "environment": procs.environment(),
         "results": results,
         "summary": summary,
         "figures": figures,

@@ -19,10 +19,8 @@ the table shows as it is (examples/s per worker says how far from linear).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 from benchmarks import _cluster, _common
@@ -111,11 +109,7 @@ def measure_layout(args: argparse.Namespace, layout: tuple[int, int], round_inde
     out = os.path.join(
         os.path.abspath(args.out), NAME, f"ps{num_ps}_w{num_workers}_round{round_index}"
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.ps_steps_per_loop",
-        f"--out={out}",
+    argv = [
         f"--num_ps={num_ps}",
         f"--num_workers={num_workers}",
         f"--steps_per_loop={args.steps_per_loop}",
@@ -126,21 +120,10 @@ def measure_layout(args: argparse.Namespace, layout: tuple[int, int], round_inde
         f"--batch_size={args.batch_size}",
     ]
     if args.smoke:
-        cmd += ["--filters=4,8", "--dense_units=16"]
-    proc = subprocess.run(
-        cmd,
-        cwd=_common.REPO,
-        env=_cluster.task_env(None),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        argv += ["--filters=4,8", "--dense_units=16"]
+    payload = _cluster.run_benchmark_process(
+        "benchmarks.ps_steps_per_loop", out, argv, f"layout {label(layout)}"
     )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"layout {label(layout)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
-        )
-    with open(os.path.join(out, "ps_steps_per_loop.json")) as f:
-        payload = json.load(f)
     (row,) = payload["results"]
     return {
         "times_s": row["times_s"],

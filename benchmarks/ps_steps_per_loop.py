@@ -6,14 +6,19 @@
 Starts a real cluster on 127.0.0.1: `--num_ps` ps and `--num_workers` worker
 tasks, each the library's own serving process (``python -m tfdist_trainer.cli``
 with TF_CONFIG, configs/mnist.gin + configs/strategies/parameter_server.gin),
-and makes *this* process the chief. The chief builds the MNIST recipe's model
-once (state.build_state under ParameterServerStrategy) and one
-`loops.ScheduledTrainLoop` per steps_per_loop value K -- the object the gin
-binding ``parameter_server.steps_per_loop = K`` gives `tfdist-train` -- all
-sharing the same variables, coordinator and workers. So every K is measured
-in the same cluster and the same run, interleaved round by round (rotating
-the order), after an untimed warm-up per K (tracing, first closure on every
-worker).
+and makes a chief process of it. The chief builds the MNIST recipe's model
+(state.build_state under ParameterServerStrategy) and a
+`loops.ScheduledTrainLoop` for one steps_per_loop value K -- the object the gin
+binding ``parameter_server.steps_per_loop = K`` gives `tfdist-train` -- and
+times it after an untimed warm-up (tracing, first closure on every worker).
+
+Each K gets its own cluster and chief (one process per variant): with several
+values, this process only orchestrates; per round (``--rounds``, rotating the
+order) it re-runs this module once per K (hidden flag ``--variant_process=K``),
+which starts a fresh cluster, measures ``--repeats`` repetitions and leaves. So
+no K's loop, dataset iterators on the workers or coordinator threads can slow
+another's. With a single K (as benchmarks/ps_ratios runs it) the cluster and
+chief are this process's own.
 
 One timed repetition runs `--steps` steps as calls of ``loop.train(C)`` for
 each C in `--steps_per_call`. `tfdist-train` calls ``loop.train`` once per
@@ -58,7 +63,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="comma-separated steps per loop.train() call (tfdist-train: the log interval; "
         "configs/mnist.gin logs every 100)",
     )
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--repeats", type=int, default=2, help="timed repetitions per K, call size and round"
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times every K gets a fresh cluster and chief (rotating order; several K only)",
+    )
     p.add_argument(
         "--warmup_steps",
         type=int,
@@ -81,9 +94,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
     )
+    _common.add_variant_process_arg(p)
     args = p.parse_args(argv)
+    args.argv = list(argv)
     if args.smoke:
         args.steps, args.repeats, args.warmup_steps, args.steps_per_call = 20, 1, 10, "20"
+        args.rounds = 1
         args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
     try:
         args.steps_per_loop = [
@@ -93,12 +109,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ]
     except ValueError:
         p.error(f"--steps_per_loop needs positive integers or 'auto', got {args.steps_per_loop!r}")
+    if args.variant_process is not None:  # one K of an orchestrated run, in its own cluster
+        k = args.variant_process
+        args.steps_per_loop = ["auto" if k == "auto" else int(k)]
     args.steps_per_call = _common.parse_int_list(args.steps_per_call)
     args.filters = tuple(_common.parse_int_list(args.filters))
-    for name in ("steps", "repeats", "num_workers", "num_ps", "batch_size"):
+    for name in ("steps", "repeats", "rounds", "num_workers", "num_ps", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if (
+    if args.variant_process is None and (
         not args.steps_per_loop
         or args.steps_per_loop[0] == "auto"
         or min(fixed_values(args.steps_per_loop)) < 1
@@ -320,6 +339,120 @@ def figures(results: list[dict], repeats: int, baseline_k: int) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> dict:
+    """Several K: each in its own cluster and chief process; one K: measured here."""
+    if args.variant_process is None and len(args.steps_per_loop) > 1:
+        return run_isolated(args)
+    return run_single(args)
+
+
+def run_isolated(args: argparse.Namespace) -> dict:
+    """Per round, one fresh cluster and chief per K (this module with --variant_process=K), rotating."""
+    out = os.path.abspath(args.out)
+    ks = args.steps_per_loop
+    configs = [(k, c) for c in args.steps_per_call for k in ks]
+    times: dict[tuple, list[float]] = {kc: [] for kc in configs}
+    rows: dict[tuple, dict] = {}
+    clusters, exact, steps, expected, environment = {}, True, 0, 0, None
+    print(
+        f"[{NAME}] steps_per_loop {', '.join(map(str, ks))}: each in its own cluster and chief process, "
+        f"{args.rounds} round(s) x {args.repeats} repetition(s)",
+        flush=True,
+    )
+    for r in range(args.rounds):
+        for k in ks[r % len(ks) :] + ks[: r % len(ks)]:
+            child = _cluster.run_benchmark_process(
+                f"benchmarks.{NAME}",
+                os.path.join(out, NAME, f"steps_per_loop_{k}_round{r}"),
+                [*args.argv, f"{_common.VARIANT_FLAG}={k}"],
+                f"steps_per_loop={k}, round {r + 1}",
+            )
+            for row in child["results"]:
+                key = (k, row["steps_per_call"])
+                times[key] += row["times_s"]
+                rows.setdefault(key, row)
+                rows[key]["final_loss"] = row["final_loss"]
+            clusters[f"steps_per_loop={k} round {r + 1}"] = child["cluster"]
+            exact = exact and child["global_step_exact"]
+            steps += child["global_step"]
+            expected += child["expected_global_step"]
+            environment = child["environment"]
+            print(
+                f"[{NAME}] round {r + 1}/{args.rounds} steps_per_loop={k}: "
+                + " ".join(
+                    f"call={row['steps_per_call']}: {row['steps_per_s']:.1f}"
+                    for row in child["results"]
+                )
+                + " steps/s",
+                flush=True,
+            )
+    base_k = ks[0]
+    results = []
+    for k, c in configs:
+        row = rows[(k, c)]
+        r = {
+            "steps_per_loop": k,
+            "steps_per_call": c,
+            "closures_per_call": row["closures_per_call"],
+            **_common.summarize(times[(k, c)], args.steps),
+            "final_loss": row["final_loss"],
+            **{
+                key: row[key]
+                for key in ("build_and_warmup_s", "warmup_steps", "warmup_loss")
+                if key in row
+            },
+            "effective_steps_per_loop": row["effective_steps_per_loop"],
+        }
+        base = times[(base_k, c)]
+        r["speedup_vs_baseline"] = (
+            _common.summarize(base, args.steps)["time_s_median"] / r["time_s_median"]
+        )
+        # Paired by position: the same round and repetition index of each K's own cluster.
+        r["speedup_vs_baseline_paired"] = _common.ratio_spread(base, times[(k, c)])
+        results.append(r)
+    payload = {
+        "benchmark": NAME,
+        "smoke": args.smoke,
+        "command": " ".join(["python -m benchmarks.ps_steps_per_loop", *sys.argv[1:]]),
+        "cluster": child["cluster"],  # the last one started (every one is in "clusters")
+        "config": {
+            **_config(args),
+            "rounds": args.rounds,
+            "process_layout": "one cluster and chief process per steps_per_loop value and round",
+        },
+        "environment": environment,
+        "clusters": clusters,
+        "baseline": f"steps_per_loop={base_k}",
+        "results": results,
+        "global_step": steps,
+        "expected_global_step": expected,
+        "global_step_exact": exact,
+        "recommendation": recommend(results),
+        "figures": figures(results, args.repeats * args.rounds, base_k),
+    }
+    _common.publish(out, NAME, payload, format_report(payload))
+    return payload
+
+
+def _config(args: argparse.Namespace) -> dict:
+    return {
+        "steps_per_loop": args.steps_per_loop,
+        "steps_per_call": args.steps_per_call,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "warmup_steps": args.warmup_steps,
+        "num_workers": args.num_workers,
+        "num_ps": args.num_ps,
+        "batch_size": args.batch_size,
+        "filters": list(args.filters),
+        "dense_units": args.dense_units,
+        "data": args.data,
+        "strategy": "parameter_server",
+        "seed": args.seed,
+    }
+
+
+def run_single(args: argparse.Namespace) -> dict:
+    """Every K in args.steps_per_loop in this process's one cluster (one K: ps_ratios, --variant_process)."""
     _common.quiet_tensorflow()
     out = os.path.abspath(args.out)
     run_dir = os.path.join(out, f"{NAME}_cluster")
@@ -341,21 +474,7 @@ def run(args: argparse.Namespace) -> dict:
         "benchmark": NAME,
         "smoke": args.smoke,
         "command": " ".join(["python -m benchmarks.ps_steps_per_loop", *sys.argv[1:]]),
-        "config": {
-            "steps_per_loop": args.steps_per_loop,
-            "steps_per_call": args.steps_per_call,
-            "steps": args.steps,
-            "repeats": args.repeats,
-            "warmup_steps": args.warmup_steps,
-            "num_workers": args.num_workers,
-            "num_ps": args.num_ps,
-            "batch_size": args.batch_size,
-            "filters": list(args.filters),
-            "dense_units": args.dense_units,
-            "data": args.data,
-            "strategy": "parameter_server",
-            "seed": args.seed,
-        },
+        "config": {**_config(args), "process_layout": "one cluster, this process its chief"},
         "environment": measured["environment"],
         "cluster": cluster,
         "baseline": f"steps_per_loop={args.steps_per_loop[0]}",
@@ -363,8 +482,11 @@ def run(args: argparse.Namespace) -> dict:
         "global_step": measured["global_step"],
         "expected_global_step": measured["expected_global_step"],
         "global_step_exact": measured["global_step_exact"],
-        "recommendation": recommend(measured["results"]),
-        "figures": figures(measured["results"], args.repeats, args.steps_per_loop[0]),
+        # One K of an orchestrated run ('auto' alone has no fixed baseline): the parent compares.
+        "recommendation": None if args.variant_process else recommend(measured["results"]),
+        "figures": []
+        if args.variant_process
+        else figures(measured["results"], args.repeats, args.steps_per_loop[0]),
     }
     _common.publish(out, NAME, payload, format_report(payload))
     return payload
@@ -388,6 +510,7 @@ def format_report(payload: dict) -> str:
             ]
         )
     rec = payload["recommendation"]
+    layout = payload["config"].get("process_layout")
     lines = [
         f"parameter_server, {cfg['num_workers']} workers + {cfg['num_ps']} ps + chief on 127.0.0.1, "
         f"{cfg['steps']} steps x {cfg['repeats']} repetitions (median, min..max), batch {cfg['batch_size']}; "
@@ -407,9 +530,14 @@ def format_report(payload: dict) -> str:
         ),
         f"global step {payload['global_step']} (expected {payload['expected_global_step']}: "
         f"{'exact' if payload['global_step_exact'] else 'MISMATCH'})",
-        f"recommended default: parameter_server.steps_per_loop = {rec['steps_per_loop']} "
-        f"({rec['rule']}; its worst relative steps/s: {rec['worst_relative_steps_per_s']:.2f})",
     ]
+    if layout:
+        lines.append(f"process layout: {layout}")
+    if rec:
+        lines.append(
+            f"recommended default: parameter_server.steps_per_loop = {rec['steps_per_loop']} "
+            f"({rec['rule']}; its worst relative steps/s: {rec['worst_relative_steps_per_s']:.2f})"
+        )
     return "\n".join(lines)
 
 

@@ -574,6 +574,7 @@ def run(args: argparse.Namespace) -> dict:
                 spread=[s["paired"]["min"], s["paired"]["max"]],
                 target=f">= {target:g}x" if target else None,
                 meets_target=(s["speedup"] >= target) if target else None,
+                key="issue11_ps_vs_tf_keras" if target else None,
             )
         )
 

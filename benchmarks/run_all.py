@@ -2,7 +2,18 @@
 
     python -m benchmarks.run_all [--out=bench_out] [--smoke] [--only=trainer_vs_baselines,ps_ratios]
                                  [--args="trainer_vs_baselines=--steps=1000 --repeats=5"] ...
+    python -m benchmarks.run_all --only=mwms_allreduce   # one benchmark alone (its JSON, the table, the chart)
     python -m benchmarks.run_all --report_only      # the table, JSON and chart again, from bench_out/*.json
+    python -m benchmarks.<name> --help              # a benchmark's own options (run it directly the same way)
+
+Benchmarks, in the order they run: {benchmarks}.
+
+Every comparison inside a benchmark runs each variant in its own process
+(one_device and mirrored variants: benchmarks._common.VariantProcesses; cluster
+benchmarks: a fresh cluster and chief per variant), against a baseline
+measured in the same run. After the table comes the list of issue 11's
+targets (every one a ratio, with its target and met / NOT met, or why it is
+missing).
 
 Each benchmark writes ``<out>/<name>.json`` with its measurements and a
 ``figures`` list (see `_common.figure`): a value, the baseline measured in
@@ -37,6 +48,46 @@ BENCHMARKS = (
     "sharded_embedding",  # sharded embedding steps/s and bytes per step vs one variable per table
     "model_parallel",  # model_parallel LM over logical devices vs one_device
 )
+# Issue 11's targets, each a figure (by its `key`) of a benchmark above: printed after the table.
+ISSUE_11_TARGETS = (
+    (
+        "issue11_trainer_vs_handwritten",
+        "trainer_vs_baselines",
+        "one_device Trainer / plain hand-written loop (no strategy), time ratio",
+        "<= 1.05",
+    ),
+    (
+        "issue11_trainer_vs_fit_default",
+        "trainer_vs_baselines",
+        "one_device Trainer vs Keras 3 fit defaults, speedup (fit time / Trainer time)",
+        ">= 1.4",
+    ),
+    (
+        "issue11_mwms_budget_worker0",
+        "mwms_allreduce",
+        "multi_worker_mirrored worker 0 step / (1.2 x one_device step + its gradient all-reduce)",
+        "<= 1.0",
+    ),
+    (
+        "issue11_mwms_budget_worker1",
+        "mwms_allreduce",
+        "multi_worker_mirrored worker 1 step / (1.2 x one_device step + its gradient all-reduce)",
+        "<= 1.0",
+    ),
+    (
+        "issue11_ps_vs_tf_keras",
+        "ps_vs_tf_keras",
+        "parameter_server Trainer vs tf-keras fit under ParameterServerStrategy, speedup",
+        ">= 1.2x",
+    ),
+    (
+        "issue11_isolation",
+        "trainer_vs_baselines",
+        "isolation check: hand-written loop with the other variants in its process / alone, steps/s",
+        ">= 0.9",
+    ),
+)
+ISSUE_11_COLUMNS = ["issue 11 target", "ratio", "spread min..max", "reps", "target", "result"]
 COLUMNS = [
     "benchmark",
     "figure",
@@ -52,17 +103,25 @@ COLUMNS = [
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.run_all",
-        description=__doc__,
+        description=__doc__.format(benchmarks=", ".join(BENCHMARKS)),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", default=_common.DEFAULT_OUT)
+    p.add_argument(
+        "--out",
+        default=_common.DEFAULT_OUT,
+        help="directory for every benchmark's JSON, run_all.json and the chart (default: %(default)s)",
+    )
     p.add_argument(
         "--smoke",
         action="store_true",
         help="tiny sizes, one repetition (for tests; not meaningful)",
     )
     p.add_argument(
-        "--only", default=",".join(BENCHMARKS), help="comma-separated subset of the benchmarks"
+        "--only",
+        default=",".join(BENCHMARKS),
+        metavar="NAME[,NAME...]",
+        help="run only these benchmarks (comma-separated), e.g. --only=trainer_vs_baselines; "
+        f"choose from {', '.join(BENCHMARKS)}",
     )
     p.add_argument(
         "--report_only",
@@ -144,6 +203,52 @@ def table_rows(figures: list[dict]) -> list[list[str]]:
     return rows
 
 
+def issue_11_rows(figures: list[dict], status: dict[str, dict]) -> list[dict]:
+    """Every issue-11 target: its ratio, target and met / NOT met, or why there is none."""
+    by_key = {f.get("key"): f for f in figures if f.get("key")}
+    rows = []
+    for key, benchmark, what, target in ISSUE_11_TARGETS:
+        f = by_key.get(key)
+        row = {"key": key, "benchmark": benchmark, "what": what, "target": target, "figure": f}
+        if f is not None and f["ratio"] is not None:
+            row["result"] = "met" if f["meets_target"] else "NOT met"
+        elif benchmark not in status:
+            row["result"] = f"not run (add {benchmark} to --only)"
+        elif status[benchmark]["exit_code"] != 0:
+            row["result"] = f"missing: {benchmark} failed"
+        else:
+            row["result"] = f"missing: {benchmark} reported no such figure"
+        rows.append(row)
+    return rows
+
+
+def format_issue_11(rows: list[dict]) -> str:
+    table = []
+    for row in rows:
+        f = row["figure"] or {}
+        ratio = f.get("ratio")
+        spread = f.get("spread")
+        table.append(
+            [
+                row["what"],
+                "-" if ratio is None else f"{ratio:.3f}",
+                f"{spread[0]:.3f}..{spread[1]:.3f}" if spread else "-",
+                str(f.get("repetitions", "-")),
+                f.get("target") or row["target"],
+                row["result"],
+            ]
+        )
+    return "\n".join(
+        [
+            "== issue 11 targets (ratios against baselines measured in the same run, "
+            "each variant in its own process) ==",
+            _common.format_table(ISSUE_11_COLUMNS, table, left=(0, 4, 5)),
+            "  (`make demo` figures and the end-to-end MNIST PSS / MWMS wall times are not part of "
+            "`make bench`: run `make demo`.)",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     status, figures, environments = {}, [], {}
@@ -184,10 +289,29 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
 
+    issue_11 = issue_11_rows(figures, status)
+    print()
+    print(format_issue_11(issue_11), flush=True)
+
     from benchmarks import chart
 
     env = _common.environment()
-    gpus = sorted({g for e in environments.values() if e for g in e.get("gpus", [])})
+    gpus = sorted(
+        {
+            g
+            for e in environments.values()
+            if e
+            for g in ((e.get("device") or {}).get("gpus") or e.get("gpus") or [])
+        }
+    )
+    devices = {
+        name: (e.get("device") or {}).get("summary") for name, e in environments.items() if e
+    }
+    for summary in sorted({d for d in devices.values() if d}):
+        print(
+            f"  device: {summary} ({', '.join(n for n, d in devices.items() if d == summary)})",
+            flush=True,
+        )
     png = chart.write_chart(
         figures,
         os.path.join(args.out, "run_all.png"),
@@ -201,9 +325,19 @@ def main(argv: list[str] | None = None) -> int:
             "status": status,
             "environment": env,
             "gpus": gpus,
+            "devices": devices,
             "columns": COLUMNS,
             "rows": table_rows(figures),
             "figures": figures,
+            "issue_11": [
+                {k: v for k, v in row.items() if k not in ("figure", "target")}
+                | {
+                    "ratio": (row["figure"] or {}).get("ratio"),
+                    "target": (row["figure"] or {}).get("target") or row["target"],
+                    "meets_target": (row["figure"] or {}).get("meets_target"),
+                }
+                for row in issue_11
+            ],
             "chart": png,
         },
     )

@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
             "strategy": "one_device",
             "seed": args.seed,
         },
-        "environment": _common.environment(),
+        "environment": procs.environment(),
         "baseline": "best fixed steps_per_loop",
         "results": results,
         "summary": summary,
