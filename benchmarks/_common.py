@@ -121,7 +121,9 @@ def trainer_loop(
     """The library's own training path for a synchronous strategy: build_state + TrainLoop.
 
     Returns a function that runs n steps (blocking) and returns the mean loss,
-    with the `TrainLoop` as its `.loop` attribute. `steps_per_loop` is an int
+    with the `TrainLoop` as its `.loop` attribute and the global step variable
+    as `.global_step`. `pool` is the data, or a function that loads it once the
+    strategy is up (multi_worker_mirrored must configure TF before any op runs). `steps_per_loop` is an int
     or 'auto', as the gin binding ``train.steps_per_loop`` takes it.
     """
     import keras
@@ -130,10 +132,12 @@ def trainer_loop(
     from tfdist_trainer import state as state_lib
 
     keras.utils.set_random_seed(seed)
+    strategy = strategy_runtime.start(strategy_config).strategy
+    if callable(pool):
+        pool = pool()
     trainer = bench_trainer_cls()(
         pool=pool, global_batch_size=batch_size, filters=filters, dense_units=dense_units
     )
-    strategy = strategy_runtime.start(strategy_config).strategy
     global_step, _ = state_lib.build_state(trainer, strategy)
     size = loops.StepsPerLoopTuner() if steps_per_loop == "auto" else steps_per_loop
     kwargs = {"jit_compile": True} if jit_compile else {}
@@ -143,6 +147,7 @@ def trainer_loop(
         return loss_value(loop.train(steps))
 
     run.loop = loop
+    run.global_step = global_step
     return run
 
 
@@ -205,7 +210,9 @@ def serve_variant(
     one JSON line with the run's seconds, its user and system CPU seconds
     (getrusage: robust on a loaded machine) and what the run returned (e.g. the
     loss; it must be JSON). ``warmup_steps=None`` skips the warm-up call (the
-    build warms up itself). The ready line carries `environment()` (this
+    build warms up itself). A run function's ``before_each`` attribute, if any,
+    is called untimed before each timed run (e.g. a barrier with the same
+    variant's processes on the other workers). The ready line carries `environment()` (this
     process's device: CPU model, GPUs). Leaves the process when stdin closes.
     """
     import gc
@@ -223,9 +230,12 @@ def serve_variant(
         "environment": environment(),
     }
     print(_REPLY + json.dumps(ready), flush=True)
+    before_each = getattr(run, "before_each", None)
     for line in sys.stdin:
         request = json.loads(line)
         gc.collect()
+        if before_each is not None:
+            before_each()  # untimed, e.g. a barrier with the peers' processes
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         result = run(request)
         seconds = time.perf_counter() - t0
@@ -253,7 +263,7 @@ class VariantProcesses:
     alone); `runners` are callables for `time_interleaved`, which then runs
     one child at a time while the others wait idle on their stdin. `drop_env`
     names variables the children must not inherit (e.g. TF_CONFIG, for a
-    one_device child of a cluster task).
+    one_device child of a cluster task); `set_env` sets some (e.g. another TF_CONFIG).
     """
 
     def __init__(
@@ -263,12 +273,14 @@ class VariantProcesses:
         argv: Sequence[str],
         tag: str,
         drop_env: Sequence[str] = (),
+        set_env: dict[str, str] | None = None,
     ):
         import subprocess
 
         env = dict(os.environ)
         for key in drop_env:
             env.pop(key, None)
+        env.update(set_env or {})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.tag = tag
@@ -335,6 +347,9 @@ class VariantProcesses:
                 env.update({k: v for k, v in child.items() if not k.startswith("load_average")})
                 break
         return env
+
+    def runners(self) -> dict[str, Callable[[Any], Any]]:
+        return {name: self.runner(name) for name in self.procs}
 
     def cpu_ms_per_step(self, name: str, steps: int) -> dict[str, float]:
         """Median user and system CPU milliseconds per step of the variant's timed runs (its own process)."""

@@ -14,7 +14,10 @@ round (rotating order, the same schedule on every worker, a collective
 barrier before each timed segment, untimed warm-up first):
 
   train_step      the library's loops.TrainLoop under the strategy (steps_per_loop=--steps_per_loop):
-                  time per step. Keras' optimizer all-reduces the gradients inside apply_gradients
+                  time per step. It runs in a process of its own on every worker: each worker starts a
+                  child that joins a second multi_worker_mirrored cluster (its own ports, the same
+                  number of workers), so that the train loop's input pipeline and threads share no
+                  process with the collective benchmarks below, nor with the local step. Keras' optimizer all-reduces the gradients inside apply_gradients
                   (``get_replica_context().all_reduce(SUM, grads)``), and the loop reduces the loss.
   local_step      the same step with no cross-worker communication: loops.TrainLoop under
                   strategies.OneDevice on the same per-replica batch (global / workers), in a process of
@@ -302,32 +305,11 @@ def serve_local_step(cfg: dict) -> None:
     )
 
 
-def start_local_step(cfg: dict) -> _common.VariantProcesses | None:
-    """The local_step child (built and warmed up before this worker joins the cluster), or None."""
-    if "local_step" not in cfg["variants"]:
-        return None
-    return _common.VariantProcesses(
-        f"benchmarks.{NAME}",
-        ["local_step"],
-        [f"--worker={json.dumps(cfg)}"],
-        f"{NAME} local_step",
-        drop_env=("TF_CONFIG",),
-    )
+def _join_cluster(cfg: dict):
+    """As tfdist_trainer.cli starts a multi_worker_mirrored task: listen while waiting for the peers.
 
-
-def worker_main(cfg: dict) -> int:
-    _common.quiet_tensorflow()
-    # First, before any TensorFlow here: the one_device comparison in a process of its own. Its peers
-    # wait for this worker's port meanwhile (wait_for_tasks, --startup_timeout_s).
-    local_procs = start_local_step(cfg)
-    try:
-        return _worker_main(cfg, local_procs)
-    finally:
-        if local_procs is not None:
-            local_procs.close()
-
-
-def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int:
+    Reads this process's TF_CONFIG; returns (cluster, strategy config).
+    """
     from tfdist_trainer import cluster as cluster_lib
     from tfdist_trainer.strategies import MultiWorkerMirrored
 
@@ -335,7 +317,6 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
     cluster = cluster_lib.from_tf_config(os.environ["TF_CONFIG"])
     config = MultiWorkerMirrored(communication=cfg["communication"])
     config.validate(cluster)
-    # As tfdist_trainer.cli starts a multi_worker_mirrored task: listen while waiting for the peers.
     holder = cluster_lib.PortHolder(cluster.own_address.port)
     try:
         cluster_lib.wait_for_tasks(
@@ -346,14 +327,126 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
     finally:
         holder.close()
     os.environ["TF_CONFIG"] = cluster.to_tf_config()
+    return cluster, config
+
+
+def serve_train_step(cfg: dict) -> None:
+    """A worker's child process: TrainLoop under multi_worker_mirrored in the second cluster, served to the worker.
+
+    Each answer's result holds the loss and the global step; the first also the
+    collectives traced into the train loop.
+    """
+    _common.quiet_tensorflow()
+    _, config = _join_cluster(cfg)
+
+    def build():
+        import tensorflow as tf
+
+        run = _common.trainer_loop(
+            config,
+            lambda: _common.load_pool(cfg["data"], cfg["pool_size"], cfg["seed"]),
+            batch_size=cfg["batch_size"],
+            filters=tuple(cfg["filters"]),
+            dense_units=cfg["dense_units"],
+            steps_per_loop=cfg["steps_per_loop"],
+            seed=cfg["seed"],
+        )
+        replicas = run.loop.strategy.num_replicas_in_sync
+        if replicas != cfg["num_workers"]:
+            raise RuntimeError(f"expected {cfg['num_workers']} replicas in sync, got {replicas}")
+        inspected = []
+        strategy = run.loop.strategy
+
+        @tf.function
+        def sync():
+            # A barrier of this cluster's train_step processes (one small all-reduce), so that every
+            # child starts its clock together, not one waiting for a late peer inside its first step.
+            ones = strategy.run(lambda: tf.constant(1.0))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
+
+        def barrier() -> None:
+            value = float(sync())
+            if value != cfg["num_workers"]:
+                raise RuntimeError(f"barrier summed to {value}, expected {cfg['num_workers']}")
+
+        def train(count: int) -> dict:
+            result = {"loss": run(count), "global_step": int(run.global_step.numpy())}
+            if not inspected:  # what the strategy really traced into the loop (a nested function)
+                inspected.append(True)
+                try:
+                    concrete = run.loop._loop.get_concrete_function(
+                        run.loop._iterator, tf.TensorSpec([], tf.int64)
+                    )
+                    result["collectives"] = _collectives_in(concrete)
+                except Exception as e:  # noqa: BLE001 - inspection is informative only
+                    result["collectives_error"] = f"{type(e).__name__}: {e}"
+            return result
+
+        train.before_each = barrier
+        return train
+
+    # No warm-up here: the worker warms every variant up on the same schedule as its peers.
+    _common.serve_variant(build, None, {"description": DESCRIPTIONS["train_step"]})
+
+
+def start_children(cfg: dict, task_id: int) -> _common.VariantProcesses | None:
+    """This worker's train_step and local_step processes (built before it joins its cluster), or None.
+
+    local_step gets no TF_CONFIG (one_device); train_step the TF_CONFIG of task
+    `task_id` in the second cluster, whose peers are the other workers' train_step children.
+    """
+    worker_arg = [f"--worker={json.dumps(cfg)}"]
+    children = {}
+    try:
+        if "local_step" in cfg["variants"]:
+            children["local_step"] = _common.VariantProcesses(
+                f"benchmarks.{NAME}",
+                ["local_step"],
+                worker_arg,
+                f"{NAME} local_step",
+                drop_env=("TF_CONFIG",),
+            )
+        if "train_step" in cfg["variants"]:
+            tf_config = {
+                "cluster": {"worker": cfg["train_cluster"]},
+                "task": {"type": "worker", "index": task_id},
+            }
+            children["train_step"] = _common.VariantProcesses(
+                f"benchmarks.{NAME}",
+                ["train_step"],
+                worker_arg,
+                f"{NAME} train_step",
+                set_env={"TF_CONFIG": json.dumps(tf_config)},
+            )
+    except BaseException:
+        for procs in children.values():
+            procs.close()
+        raise
+    return children
+
+
+def worker_main(cfg: dict) -> int:
+    _common.quiet_tensorflow()
+    # First, before any TensorFlow here: the train and one_device steps in processes of their own. The
+    # peers wait for this worker's port meanwhile (wait_for_tasks, --startup_timeout_s).
+    task_id = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    children = start_children(cfg, task_id)
+    try:
+        return _worker_main(cfg, children)
+    finally:
+        for procs in children.values():
+            procs.close()
+
+
+def _worker_main(cfg: dict, children: dict[str, _common.VariantProcesses]) -> int:
+    cluster, config = _join_cluster(cfg)
 
     import keras
     import numpy as np
     import tensorflow as tf
     from tensorflow.python.ops import collective_ops
 
-    from tfdist_trainer import loops, strategy_runtime
-    from tfdist_trainer import state as state_lib
+    from tfdist_trainer import strategy_runtime
 
     role, task_id, workers = cluster.role, cluster.task_id, cfg["num_workers"]
     load_start = os.getloadavg()[0]
@@ -377,18 +470,17 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
         f"communication_hint={hint!r}"
     )
 
-    pool = _common.load_pool(cfg["data"], cfg["pool_size"], cfg["seed"])
-    trainer_cls = _common.bench_trainer_cls()
-    filters, dense = tuple(cfg["filters"]), cfg["dense_units"]
     variants = cfg["variants"]
 
-    # (a) the library's train loop under multi_worker_mirrored.
-    trainer = trainer_cls(
-        pool=pool, global_batch_size=cfg["batch_size"], filters=filters, dense_units=dense
+    # (a) the library's train loop under multi_worker_mirrored runs in this worker's train_step child;
+    # here only the model's trainable variables are needed (the gradients' shapes and dtypes).
+    template = _common.bench_trainer_cls()(
+        pool=None,
+        global_batch_size=cfg["batch_size"],
+        filters=tuple(cfg["filters"]),
+        dense_units=cfg["dense_units"],
     )
-    global_step, _ = state_lib.build_state(trainer, strategy)
-    mwms_loop = loops.TrainLoop(strategy, trainer, global_step, cfg["steps_per_loop"])
-    variables = trainer.model.trainable_variables
+    variables = template.build_model().trainable_variables
     tensors = [
         {
             "name": v.path,
@@ -403,6 +495,7 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
 
     # (d) the same step with no communication: one_device, per-replica batch, in its own process
     # (started by worker_main before this process joined the cluster).
+    local_procs, train_procs = children.get("local_step"), children.get("train_step")
 
     # Inputs of the collectives, held in (local, non-distributed) variables so Grappler cannot fold them.
     with tf.device(device):
@@ -553,7 +646,7 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
             done += n
 
     runners = {
-        "train_step": lambda count: mwms_loop.train(count),
+        "train_step": train_procs.runner("train_step") if train_procs else None,
         "local_step": local_procs.runner("local_step") if local_procs else None,
         "allreduce": lambda count: run_ops(allreduce_fn, count),
         "raw_collective": lambda count: run_ops(raw_flat_fn, count, 1),
@@ -571,11 +664,16 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
         t0 = time.perf_counter()
         runners[name](warmups[name])
         info[name] = {"warmup_s": time.perf_counter() - t0, "warmup_units": warmups[name]}
-        if name == "local_step":
-            child = local_procs.info["local_step"]
+        if name in children:
+            procs = children[name]
             info[name].update(
-                process=f"own process (pid {local_procs.procs['local_step'].pid}), no TF_CONFIG",
-                build_and_first_warmup_s=child["build_and_warmup_s"],
+                process=f"own process (pid {procs.procs[name].pid}), "
+                + (
+                    "no TF_CONFIG"
+                    if name == "local_step"
+                    else f"second cluster, task worker:{task_id}"
+                ),
+                build_and_first_warmup_s=procs.info[name]["build_and_warmup_s"],
             )
     for (
         name
@@ -602,14 +700,14 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
             + " ".join(f"{n}={1e3 * times[n][-1] / counts[n]:.3f}ms" for n in variants)
         )
 
-    collectives = []
-    try:  # what the strategy really traced into the train loop (the loop body is a nested function)
-        concrete = mwms_loop._loop.get_concrete_function(
-            mwms_loop._iterator, tf.TensorSpec([], tf.int64)
-        )
-        collectives = _collectives_in(concrete)
-    except Exception as e:  # noqa: BLE001 - inspection is informative only
-        log(f"could not inspect the train loop's collectives: {type(e).__name__}: {e}")
+    collectives, global_step = [], 0
+    if train_procs is not None:
+        answers = [run["result"] for run in train_procs.runs["train_step"]]
+        global_step = answers[-1]["global_step"]
+        first = answers[0]
+        collectives = first.get("collectives", [])
+        if "collectives_error" in first:
+            log(f"could not inspect the train loop's collectives: {first['collectives_error']}")
     result = {
         "role": role,
         "task_id": task_id,
@@ -624,7 +722,7 @@ def _worker_main(cfg: dict, local_procs: _common.VariantProcesses | None) -> int
         },
         "checks": checks,
         "train_loop_collectives": collectives,
-        "global_step": int(global_step.numpy()),
+        "global_step": global_step,
         "load_average_1m_start": load_start,
         "load_average_1m_end": os.getloadavg()[0],
         "environment": _common.environment(),
@@ -871,8 +969,11 @@ def run(args: argparse.Namespace) -> dict:
     _common.quiet_tensorflow()
     out = os.path.abspath(args.out)
     run_dir = os.path.join(out, f"{NAME}_cluster")
-    cluster = _cluster.pick_cluster({"worker": args.num_workers})
+    # The workers' cluster, and the second one their train_step children form (ports picked together).
+    ports = _cluster.pick_cluster({"worker": 2 * args.num_workers})["worker"]
+    cluster = {"worker": ports[: args.num_workers]}
     cfg = _worker_config(args)
+    cfg["train_cluster"] = ports[args.num_workers :]
     roles = [f"worker:{i}" for i in range(args.num_workers)]
     load_start = os.getloadavg()[0]
     t0 = time.perf_counter()
@@ -1020,8 +1121,9 @@ def format_report(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker is not None and args.variant_process == "local_step":
-        serve_local_step(json.loads(args.worker))
+    if args.worker is not None and args.variant_process is not None:
+        serve = {"local_step": serve_local_step, "train_step": serve_train_step}
+        serve[args.variant_process](json.loads(args.worker))
         return 0
     if args.worker is not None:
         return worker_main(json.loads(args.worker))

@@ -23,6 +23,8 @@ def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
         timeout=400,
     )
     assert "tfdist_trainer benchmarks (SMOKE" in stdout
+    # Issue 11's targets are listed after the table, each with its target and met / NOT met.
+    assert "== issue 11 targets" in stdout
 
     payload = load(out, "trainer_vs_baselines")
     assert payload["benchmark"] == "trainer_vs_baselines" and payload["smoke"] is True
@@ -75,6 +77,21 @@ def test_run_all_smoke_runs_the_in_process_benchmarks(tmp_path):
         "mirrored_vs_one_device",
     }
     assert len(combined["rows"]) == len(combined["figures"]) >= 5
+    issue_11 = {row["key"]: row for row in combined["issue_11"]}
+    for key in (
+        "issue11_trainer_vs_handwritten",
+        "issue11_trainer_vs_fit_default",
+        "issue11_isolation",
+    ):
+        assert issue_11[key]["ratio"] > 0 and issue_11[key]["result"] in ("met", "NOT met"), key
+    assert issue_11["issue11_mwms_budget_worker0"]["result"].startswith("not run")
+    assert issue_11["issue11_ps_vs_tf_keras"]["target"] == ">= 1.2x"
+    # Every benchmark recorded the device it ran on.
+    assert set(combined["devices"]) == set(combined["status"])
+    assert all(combined["devices"].values()), combined["devices"]
+    for name in combined["status"]:
+        device = load(out, name)["environment"]["device"]
+        assert device["cpu_model"] and isinstance(device["gpus"], list), name
     with open(combined["chart"], "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -144,6 +161,12 @@ def test_ps_steps_per_loop_smoke(tmp_path):
         } <= set(result)
         assert result["steps_per_s"] > 0
     assert payload["results"][0]["speedup_vs_baseline"] == 1.0
+    # Each steps_per_loop value had a cluster (and chief process) of its own.
+    assert payload["config"]["process_layout"].startswith("one cluster and chief process per")
+    assert len(payload["clusters"]) == 4
+    ports = [tuple(c["worker"] + c["ps"]) for c in payload["clusters"].values()]
+    assert payload["cluster"] in payload["clusters"].values()
+    assert all(len(p) == 3 for p in ports)
     # The real cluster trained: every scheduled step was counted once.
     assert payload["global_step_exact"] is True
     assert payload["recommendation"]["steps_per_loop"] in (1, 10, 100)
@@ -151,7 +174,7 @@ def test_ps_steps_per_loop_smoke(tmp_path):
     assert len(auto) == 1 and auto[0]["target"] == ">= 0.9"
     # The ps and worker tasks it started are gone: nothing listens on their ports any more.
     for task_type in ("ps", "worker"):
-        for address in payload["cluster"][task_type]:
+        for address in {a for c in payload["clusters"].values() for a in c[task_type]}:
             host, port = address.rsplit(":", 1)
             with pytest.raises(OSError):
                 socket.create_connection((host, int(port)), timeout=1).close()
