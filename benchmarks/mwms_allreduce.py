@@ -40,6 +40,11 @@ barrier before each timed segment, untimed warm-up first):
   raw_scalar      the raw op on one float32 scalar: the latency of one collective, whatever its size.
                   The train loop also reduces the loss (a scalar) every step: see below.
 
+The four collective variants (allreduce, raw_*) run in the worker process
+itself: they need its cluster, hold no input pipeline or model, and serve as
+each other's baselines; the two step variants, which do hold input pipelines,
+have processes of their own (above).
+
 Every iteration of a loop reads its input after the previous iteration's
 result (a control dependency on a scalar), so the collectives run one after
 the other. Before timing, every worker checks that each collective sums

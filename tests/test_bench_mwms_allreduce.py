@@ -97,6 +97,8 @@ def test_mwms_allreduce_smoke(tmp_path):
     assert payload["results"]["raw_collective"]["time_ratio_vs_raw_collective"] == 1.0
     # The one_device comparison ran in a process of its own, not beside the MWMS run.
     assert payload["results"]["local_step"]["process"].startswith("own process")
+    # ... and so did each worker's MWMS train step, in a second cluster of its own.
+    assert "second cluster" in payload["results"]["train_step"]["process"]
     assert payload["environment"]["device"]["cpu_model"]
     assert {
         "allreduce_over_raw_collective",
