@@ -74,6 +74,5 @@ class Checkpointer:
             logging.info("saved checkpoint %s", path)
         else:
             storage.rmtree(self._directory)
-            storage.remove_if_empty(
-                storage.dirname(self._directory)
-            )  # the last worker out removes the parent
+            # the last worker out removes the parent
+            storage.remove_if_empty(storage.dirname(self._directory))

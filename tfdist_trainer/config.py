@@ -49,9 +49,8 @@ def _gin_problem(e: BaseException, gin_bindings: Sequence[str] = ()) -> str:
         return f"{(e.msg or 'syntax error').rstrip('.')}{f' in `{text}`' if text else ''} ({where})"
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     message = lines[0].rstrip(".") if lines else type(e).__name__
-    if len(lines) >= 3 and lines[1].startswith(
-        "In "
-    ):  # '  In file "x.gin", line 3' then the statement
+    # '  In file "x.gin", line 3' then the statement
+    if len(lines) >= 3 and lines[1].startswith("In "):
         message += f" in `{lines[2]}` ({lines[1][3:]})"
     return message
 

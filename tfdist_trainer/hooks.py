@@ -236,9 +236,8 @@ class CheckpointHook(Hook):
         self._last_time = time.monotonic()
 
     def begin(self, run):
-        self._last_time = (
-            time.monotonic()
-        )  # the clock starts with training, not when gin built the hook
+        # the clock starts with training, not when gin built the hook
+        self._last_time = time.monotonic()
 
     def after_loop(self, run, result):
         by_time = (

@@ -690,9 +690,8 @@ class ShardedSoftmax(_ShardedLayerMixin, keras.layers.Layer):
         biases = self.bias.tf_variables() if self.use_bias else [None] * len(kernels)
         parts = []
         for w, b in zip(kernels, biases):
-            with tf.device(
-                w.device
-            ):  # the shard's logits next to the shard: x goes there, logits come back
+            # the shard's logits next to the shard: x goes there, logits come back
+            with tf.device(w.device):
                 logits = tf.matmul(x, w, transpose_b=True)
                 if b is not None:
                     logits += tf.reshape(b, [-1])

@@ -56,9 +56,8 @@ def _train_loop_fn(
 ) -> Callable:
     """The compiled loop; `next_batch(iterator)` gives one step's input (a `data.SyncInput`'s, or `next`)."""
     step_fn = step_fn or trainer.train_step
-    if (
-        jit_compile
-    ):  # each replica's step is compiled (as Keras does for fit); the loop around it is not
+    # each replica's step is compiled (as Keras does for fit); the loop around it is not
+    if jit_compile:
         step_fn = tf.function(step_fn, jit_compile=True)
 
     def replica_step(batch, total, first_bad, step):

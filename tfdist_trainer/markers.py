@@ -41,9 +41,8 @@ def _read_marker(model_dir: str) -> dict | None:
         return None
     try:
         marker = json.loads(text)
-        if isinstance(
-            marker, int
-        ):  # an older version wrote the bare step: an old run by definition
+        # an older version wrote the bare step: an old run by definition
+        if isinstance(marker, int):
             return {"run_id": "", "step": marker}
         return {"run_id": str(marker["run_id"]), "step": int(marker["step"])}
     except (ValueError, TypeError, KeyError):

@@ -364,9 +364,8 @@ class Placement:
         self.units = units
 
     def device_for(self, unit: Unit) -> str | None:
-        if (
-            unit.index is None
-        ):  # 'auto' before the sizes are known: build on the host, move afterwards
+        # 'auto' before the sizes are known: build on the host, move afterwards
+        if unit.index is None:
             return self.host_device
         return self.devices[unit.index]
 

@@ -287,9 +287,8 @@ class LogCopy:
         self._last_flush = time.monotonic()
         self._file = _gfile(path).GFile(path, "ab" if local is not None else "wb")
         if local is not None:
-            self._file.write(
-                b""
-            )  # creates the file (GFile opens lazily), to make it private before any output
+            # creates the file (GFile opens lazily), to make it private before any output
+            self._file.write(b"")
             self._file.flush()
             os.chmod(local, 0o600)
 

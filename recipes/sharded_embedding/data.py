@@ -105,9 +105,8 @@ class SyntheticClicks:
             rank = tf.minimum(
                 tf.cast(tf.floor(vocab * tf.pow(u[:, f], self.id_skew)), tf.int64), vocab - 1
             )
-            ids.append(
-                (rank * step + f * 7919) % vocab
-            )  # scatter popular ranks over the vocabulary
+            # scatter popular ranks over the vocabulary
+            ids.append((rank * step + f * 7919) % vocab)
         dense = tf.random.stateless_normal([batch_size, self.num_dense], seed=seed + [0, 1 << 40])
         return {"dense": dense, "categorical": tf.stack(ids, axis=1)}
 

@@ -95,9 +95,8 @@ class ClickTrainer(Trainer):
         self.vocab_sizes = [int(v) for v in vocab_sizes]
         count = len(self.vocab_sizes)
         self.embedding_dims = [int(d) for d in _per_feature("embedding_dim", embedding_dim, count)]
-        if isinstance(
-            num_shards, (list, tuple)
-        ):  # exact per table (too many for a table is an error)
+        # exact per table (too many for a table is an error)
+        if isinstance(num_shards, (list, tuple)):
             self.num_shards = _per_feature("num_shards", num_shards, count)
         else:  # one count for all: small tables get at most one shard per row
             self.num_shards = [
