@@ -185,6 +185,9 @@ def main(argv: list[str]) -> None:
             )
         else:
             controller.run_training(experiment, cluster, FLAGS.model_dir)
+            from tfdist_trainer import shutdown
+
+            shutdown.finish_synchronous_job(cluster)  # the coordination leader exits last
     except (
         errors.TfdistError
     ) as e:  # the package's own errors: one sentence; anything else keeps its traceback

@@ -7,7 +7,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from tfdist_trainer import markers
+from tfdist_trainer import markers, shutdown
 from tfdist_trainer.cluster import CHIEF, ClusterConfig, is_listening
 from tfdist_trainer.errors import ChiefLost
 
@@ -43,6 +43,7 @@ def serve(
             seen, gone_since = True, None
         if seen and markers.done_since(model_dir, stale):
             logging.info("the chief marked training done: exiting")
+            shutdown.finish_serving(cluster)  # ps:0, the coordination leader, exits last
             return
         if not up and seen:
             gone_since = gone_since or now
