@@ -153,12 +153,10 @@ def main(argv: list[str]) -> None:
     else:
         os.environ.pop("TF_CONFIG", None)
     try:
-        storage.makedirs(
-            FLAGS.model_dir, private=True
-        )  # a local one is user-only: logs, config, weights
-    except (
-        OSError
-    ) as e:  # e.g. a file by that name, or no permission: one sentence, not a traceback
+        # a local one is user-only: logs, config, weights
+        storage.makedirs(FLAGS.model_dir, private=True)
+    # e.g. a file by that name, or no permission: one sentence, not a traceback
+    except OSError as e:
         _fail(
             role,
             f"--model_dir {FLAGS.model_dir} cannot be used as a directory ({e.strerror or e}); "
@@ -188,9 +186,8 @@ def main(argv: list[str]) -> None:
             from tfdist_trainer import shutdown
 
             shutdown.finish_synchronous_job(cluster)  # the coordination leader exits last
-    except (
-        errors.TfdistError
-    ) as e:  # the package's own errors: one sentence; anything else keeps its traceback
+    # the package's own errors: one sentence; anything else keeps its traceback
+    except errors.TfdistError as e:
         _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=e.hard_exit)
     except controller.PEER_LOST_ERRORS as e:
         first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]

@@ -235,9 +235,8 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     try:
         strategy_runtime.prepare_devices(config)
         runtime = strategy_runtime.start(config, context=context)
-    except (
-        RuntimeError
-    ) as e:  # "cannot be modified after being initialized", "must be configured at startup"
+    # "cannot be modified after being initialized", "must be configured at startup"
+    except RuntimeError as e:
         raise ConfigError(
             f"TensorFlow was already running when the {config.name} strategy was set up ({str(e).strip()}); "
             f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "

@@ -328,9 +328,8 @@ class LocalCluster:
             line = raw.decode(errors="replace").rstrip("\n")
             if not line.startswith(own_prefixes):
                 line = f"[{task.role}] {line}"
-            if (
-                not shown(console.strip_role(line)) and not self.console_chatter
-            ):  # known TF chatter: the log file only
+            # known TF chatter: the log file only
+            if not shown(console.strip_role(line)) and not self.console_chatter:
                 continue
             with self._print_lock:
                 print(line, flush=True)
@@ -629,9 +628,8 @@ def run_in_private_network(train_args: list[str]) -> int:
     interrupted: list[int] = []
     started: list[subprocess.Popen] = []
 
-    def forward(
-        signum, frame
-    ):  # Ctrl-C reaches only this process: the inner launcher has its own session
+    # Ctrl-C reaches only this process: the inner launcher has its own session
+    def forward(signum, frame):
         interrupted.append(signum)
         if started:
             _signal_group(started[0], signum)
@@ -643,9 +641,8 @@ def run_in_private_network(train_args: list[str]) -> int:
         started.append(process)
         if interrupted:  # a signal that came before the inner launcher existed
             _signal_group(process, interrupted[0])
-        for _ in range(
-            100
-        ):  # the inner launcher's namespace, to find anything left in it at the end
+        # the inner launcher's namespace, to find anything left in it at the end
+        for _ in range(100):
             current = netns.netns_inode(process.pid)
             if current is None or current != netns.netns_inode():
                 inode = current
@@ -661,9 +658,8 @@ def run_in_private_network(train_args: list[str]) -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for process in started:
-            if (
-                process.poll() is None
-            ):  # only on an unexpected error here: let it stop its cluster first
+            # only on an unexpected error here: let it stop its cluster first
+            if process.poll() is None:
                 _signal_group(process, signal.SIGTERM)
                 try:
                     process.wait(timeout=2 * FLAGS.grace_s + 10)
@@ -724,12 +720,10 @@ def main(argv: list[str]) -> None:
                     f"--model_dir {settings.model_dir} is in-memory and private to one process, "
                     f"but tfdist-launch runs each task in its own; use a path, file://, gs:// or s3://."
                 )
-            storage.makedirs(
-                settings.model_dir, private=True
-            )  # a model_dir we create is this user's only
-            storage.make_private_dir(
-                storage.join(settings.model_dir, "logs")
-            )  # logs: user-only, even if it exists
+            # a model_dir we create is this user's only
+            storage.makedirs(settings.model_dir, private=True)
+            # logs: user-only, even if it exists
+            storage.make_private_dir(storage.join(settings.model_dir, "logs"))
         except OSError as e:
             raise ConfigError(
                 f"--model_dir {settings.model_dir} cannot be used as a directory ({e.strerror or e}); "
