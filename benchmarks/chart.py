@@ -57,9 +57,8 @@ def write_chart(figures: Sequence[dict[str, Any]], path: str, title: str) -> str
             if f["ratio_label"].startswith(LOWER_IS_BETTER)
             else "higher is better"
         )
-        right = max(
-            ratio, *(f.get("spread") or [0]), target or 0
-        )  # the label starts right of the whisker
+        # the label starts right of the whisker
+        right = max(ratio, *(f.get("spread") or [0]), target or 0)
         ax.text(right, y, f"  {ratio:.2f} ({f['ratio_label']}, {better})", va="center", fontsize=7)
     ax.set_yticks(ys)
     ax.set_yticklabels(

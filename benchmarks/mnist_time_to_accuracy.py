@@ -292,9 +292,8 @@ def run_trainer(args, data, seed: int, max_steps: int, target: float) -> dict[st
     trainer = make_trainer(args, data, seed)
     strategy = strategy_runtime.start(OneDevice()).strategy
     t_build = time.perf_counter()
-    global_step, _ = state_lib.build_state(
-        trainer, strategy
-    )  # model, optimizer, metrics (≈ fit's compile)
+    # model, optimizer, metrics (≈ fit's compile)
+    global_step, _ = state_lib.build_state(trainer, strategy)
     t0, cpu0 = time.perf_counter(), time.process_time()
     loop = loops.TrainLoop(strategy, trainer, global_step, args.eval_every)
     evaluator = None
@@ -339,11 +338,12 @@ def run_fit(args, data, seed: int, max_steps: int, target: float) -> dict[str, A
     context = data_lib.single_pipeline_context()
     t_build = time.perf_counter()
     model = template.build_model()
+    # Keras defaults otherwise
     model.compile(
         optimizer=template.build_optimizer(),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-    )  # Keras defaults otherwise
+    )
     train_ds = template.build_train_dataset(context).prefetch(tf.data.AUTOTUNE)
     test_ds = template.build_eval_dataset(context).prefetch(tf.data.AUTOTUNE)
 
@@ -359,9 +359,8 @@ def run_fit(args, data, seed: int, max_steps: int, target: float) -> dict[str, A
             self.evals, self.reached_at = [], None
 
         def on_test_begin(self, logs=None):
-            self.step = int(
-                self.model.optimizer.iterations.numpy()
-            )  # a variable read: the steps are done
+            # a variable read: the steps are done
+            self.step = int(self.model.optimizer.iterations.numpy())
             now = time.perf_counter()
             self.train_s += now - self.mark
             if self.first_segment_s is None:

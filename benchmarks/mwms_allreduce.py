@@ -174,9 +174,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
     )
-    p.add_argument(
-        "--worker", default=None, help=argparse.SUPPRESS
-    )  # internal: run as one worker task
+    # internal: run as one worker task
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     _common.add_variant_process_arg(p)  # internal, with --worker: a worker's local_step process
     args = p.parse_args(argv)
     if args.worker is not None:
@@ -463,9 +462,8 @@ def _worker_main(cfg: dict, children: dict[str, _common.VariantProcesses]) -> in
             f"expected {workers} replicas in sync, got {strategy.num_replicas_in_sync}"
         )
     device = strategy.extended.worker_devices[0]
-    hint = (
-        strategy.extended._communication_options.implementation.value
-    )  # what the strategy's own ops use
+    # what the strategy's own ops use
+    hint = strategy.extended._communication_options.implementation.value
 
     def log(msg: str) -> None:
         print(f"[{NAME} {role}] {msg}", flush=True)

@@ -263,9 +263,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--smoke", action="store_true", help="tiny model and sizes, one repetition (for tests)"
     )
-    p.add_argument(
-        "--chief", help=argparse.SUPPRESS
-    )  # internal: run the Trainer chief of this spec file
+    # internal: run the Trainer chief of this spec file
+    p.add_argument("--chief", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.chief:
         return args

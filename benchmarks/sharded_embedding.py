@@ -99,9 +99,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         action="store_true",
         help="the tiny config, few steps, one repetition (for tests)",
     )
-    p.add_argument(
-        "--chief", help=argparse.SUPPRESS
-    )  # internal: run as the chief of this JSON cluster spec
+    # internal: run as the chief of this JSON cluster spec
+    p.add_argument("--chief", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.configs = [c for c in args.configs.replace(" ", "").split(",") if c]
     if args.smoke:

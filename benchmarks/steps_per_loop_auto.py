@@ -142,9 +142,8 @@ def run(args: argparse.Namespace) -> dict:
     best = max(fixed, key=lambda n: results[n]["steps_per_s"])
     auto = results["auto"]
     ratio = auto["steps_per_s"] / results[best]["steps_per_s"]
-    paired = _common.ratio_spread(
-        times[best], times["auto"]
-    )  # best's time / auto's time = auto's relative speed
+    # best's time / auto's time = auto's relative speed
+    paired = _common.ratio_spread(times[best], times["auto"])
     summary = {
         "best_fixed": best,
         "best_fixed_steps_per_loop": results[best]["steps_per_loop"],

@@ -43,9 +43,8 @@ def test_mnist_best_export_then_warm_start(tmp_path):
         record = json.load(f)
     assert record["metric"] == "eval_accuracy" and record["mode"] == "max"
     assert record["value"] == max(r["eval_accuracy"] for r in evals.values())
-    loaded = tf.saved_model.load(
-        str(export_dir / str(steps[-1]))
-    )  # kept: serve needs its variables
+    # kept: serve needs its variables
+    loaded = tf.saved_model.load(str(export_dir / str(steps[-1])))
     served = loaded.serve(tf.zeros([3, 28, 28, 1], tf.float32))
     assert served.shape == (3, 10)
 

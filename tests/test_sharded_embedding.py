@@ -125,9 +125,8 @@ def _train_step(model, optimizer, ids):
 )
 def test_checkpoint_reshards_exactly(tmp_path, monkeypatch, optimizer_cls, before, after):
     """2 -> 3 shards (and div <-> mod): the restored table, optimizer slots and next step are identical."""
-    monkeypatch.setattr(
-        layers, "_CHECKPOINT_SLICE_BYTES", 5 * 3 * 4
-    )  # "mod" tables save in several slices
+    # "mod" tables save in several slices
+    monkeypatch.setattr(layers, "_CHECKPOINT_SLICE_BYTES", 5 * 3 * 4)
     ids = tf.constant([[1, 2], [36, 1], [7, 20], [2, 2]], tf.int64)
     model, optimizer = _click_model(*before, optimizer_cls)
     for _ in range(3):
@@ -346,9 +345,8 @@ def test_click_trainer_on_criteo_files_in_process(tmp_path):
     assert features["categorical"].shape == (8, 26) and labels.shape == (8, 1)
     loss = tf.function(trainer.train_step)((features, labels))
     assert np.isfinite(float(loss))
-    assert (
-        sum(1 for _ in trainer.build_eval_dataset(data_lib.single_pipeline_context())) == 5
-    )  # 40 lines / 8
+    # 40 lines / 8
+    assert sum(1 for _ in trainer.build_eval_dataset(data_lib.single_pipeline_context())) == 5
 
 
 # -- devices: model parallel and mirrored (one subprocess: logical CPUs need a fresh TF) --
@@ -430,10 +428,11 @@ def test_model_parallel_devices_and_mirrored_training():
     ), placed
     assert result["mp_lookup_ok"]
     assert result["mirrored_replicas"] == 2 and len(result["mirrored_devices"]) == 2
+    # ids 1, 2 in shard 0; 30, 31 = rows 10, 11 of shard 1
     assert result["mirrored_changed_rows"] == [
         [1, 2],
         [10, 11],
-    ]  # ids 1, 2 in shard 0; 30, 31 = rows 10, 11 of shard 1
+    ]
 
 
 # -- real clusters -------------------------------------------------------------------
@@ -503,9 +502,8 @@ def test_parameter_server_two_ps_balanced_sparse_and_learns(two_ps_run):
         f"ps bytes not balanced within 10%: {ps_bytes}"
     )
     tasks = _shard_tasks(placement)
-    assert len(tasks) == 6 and len(tasks["table_0"]) == 2, (
-        tasks
-    )  # the largest table is split over both ps
+    # the largest table is split over both ps
+    assert len(tasks) == 6 and len(tasks["table_0"]) == 2, tasks
     shards = [r for r in placement["variables"] if "_shard_" in r["name"]]
     assert len(shards) == 6 * 5
     # The placement table is in the chief's log too.
@@ -518,9 +516,8 @@ def test_parameter_server_two_ps_balanced_sparse_and_learns(two_ps_run):
     assert step["full_table_ops"] == [], (
         f"the step touches whole tables: {step['full_table_ops'][:5]}"
     )
-    assert step["sparse_ops"].get("ResourceGather", 0) >= 30, step[
-        "sparse_ops"
-    ]  # one per shard at least
+    # one per shard at least
+    assert step["sparse_ops"].get("ResourceGather", 0) >= 30, step["sparse_ops"]
     assert step["sparse_ops"].get("ResourceScatterSub", 0) >= 30, step["sparse_ops"]
 
     records = read_records(model_dir)
@@ -547,9 +544,8 @@ def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
     placement = _read_json(model_dir, "placement.json")
     ps_tasks = {t for t in placement["bytes_per_task"] if "/job:ps/" in t}
     assert len(ps_tasks) == 3, placement["bytes_per_task"]
-    assert (
-        len([r for r in placement["variables"] if "_shard_" in r["name"]]) == 6 * 3
-    )  # 5 -> 3 shards a table
+    # 5 -> 3 shards a table
+    assert len([r for r in placement["variables"] if "_shard_" in r["name"]]) == 6 * 3
 
     after = read_records(model_dir)[len(before) :]
     resumed = [r for r in after if r["kind"] == "train"]

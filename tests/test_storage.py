@@ -147,9 +147,8 @@ def test_file_uri_model_dir_via_launcher(tmp_path, strategy, launch_args, roles)
     servers = [
         r for r in roles if r.startswith(("ps", "worker")) and strategy == "parameter_server"
     ]
-    for role in (
-        servers
-    ):  # they saw the marker and exited 0 by themselves, before the launcher stopped them
+    # they saw the marker and exited 0 by themselves, before the launcher stopped them
+    for role in servers:
         assert f"[launch] {role} finished" in out, out[-6000:]
         assert (
             "the chief marked training done: exiting" in files[f"logs/{role.replace(':', '-')}.log"]
@@ -173,9 +172,8 @@ def test_done_marker_from_an_older_run_is_ignored(tmp_path):
     model_dir = f"file://{tmp_path}"
     assert markers.done_run_id(model_dir) is None and markers.done_step(model_dir) is None
     markers.mark_done(model_dir, 30)  # an older run finished at step 30
-    stale = markers.done_run_id(
-        model_dir
-    )  # what a serving task of the next run sees when it starts
+    # what a serving task of the next run sees when it starts
+    stale = markers.done_run_id(model_dir)
     assert stale and markers.done_step(model_dir) == 30
     assert not markers.done_since(model_dir, stale)
     markers.mark_done(model_dir, None)  # the restarted chief clears it

@@ -55,9 +55,8 @@ def weights(project, checkpoint: str) -> dict[str, np.ndarray]:
         checkpoint = tf.train.latest_checkpoint(checkpoint)
     model = user_model(project)
     tf.train.Checkpoint(model=model).read(checkpoint).expect_partial()
-    return dict(
-        zip(NAMES, (v.numpy() for v in model.variables), strict=True)
-    )  # build order: dense/kernel, dense/bias, dense_1/kernel, dense_1/bias
+    # build order: dense/kernel, dense/bias, dense_1/kernel, dense_1/bias
+    return dict(zip(NAMES, (v.numpy() for v in model.variables), strict=True))
 
 
 def step_values(model_dir) -> dict[str, int]:
