@@ -454,3 +454,12 @@ def test_compiled_metrics_are_independent_built_copies_with_names_resolved():
     )
     assert all(float(v) == 0.0 for v in second.result().values()), "the copies share state"
     assert not set(map(id, first.variables)) & set(map(id, second.variables))
+
+
+def test_coordination_service_accessors_in_a_process_without_one():
+    """Outside a multi-process job there is no coordination service: None, and a barrier fails
+    with TensorFlow's own error (the shutdown logs it and exits). With one, the orderly-shutdown
+    test (tests/test_orderly_shutdown.py) exercises both on a real cluster."""
+    assert tf_compat.coordination_service_config() is None
+    with pytest.raises(tf.errors.FailedPreconditionError, match="not enabled"):
+        tf_compat.wait_at_barrier("tfdist_trainer_test", timeout_s=1)

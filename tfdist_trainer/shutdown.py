@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 from absl import logging
 
+from tfdist_trainer import tf_compat
 from tfdist_trainer.cluster import PS, WORKER, ClusterConfig, TaskAddress, is_listening
 
 #: How long the leader waits for the other tasks' processes to be gone.
@@ -51,9 +52,7 @@ def wait_until_gone(tasks: Sequence[TaskAddress], timeout_s: float = LEADER_WAIT
 
 def _coordination() -> tuple[tuple[str, int], list[str]] | None:
     """The coordination service's leader and coordinated jobs in this process, if it runs one."""
-    from tensorflow.python.eager import context
-
-    config = context.context().coordination_service
+    config = tf_compat.coordination_service_config()
     if config is None or not config.service_type or not config.service_leader:
         return None
     match = _LEADER.search(config.service_leader)
@@ -74,10 +73,9 @@ def finish_synchronous_job(cluster: ClusterConfig) -> None:
     if cluster.task_type not in jobs:
         return
     import tensorflow as tf
-    from tensorflow.python.eager import context
 
     try:
-        context.context().wait_at_barrier(BARRIER_ID, int(BARRIER_TIMEOUT_S * 1000))
+        tf_compat.wait_at_barrier(BARRIER_ID, BARRIER_TIMEOUT_S)
     except tf.errors.OpError as e:
         logging.warning(
             "training finished, but not every task reached the final barrier (%s: %s); exiting anyway",

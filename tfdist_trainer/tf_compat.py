@@ -309,3 +309,25 @@ def checkpoint_variable_names(prefix: str, child: str | None = None) -> dict[str
         for attribute in graph.nodes[node_id].attributes
         if attribute.name == "VARIABLE_VALUE"
     }
+
+
+# -- the coordination service (tensorflow.python.eager.context) -------------------
+
+
+def coordination_service_config() -> Any | None:
+    """This process's coordination service settings (leader, coordinated jobs), or None.
+
+    Private: no public API says which task leads the coordination service that
+    multi_worker_mirrored sets up, and the orderly shutdown must know it.
+    """
+    from tensorflow.python.eager import context
+
+    return context.context().coordination_service
+
+
+def wait_at_barrier(barrier_id: str, timeout_s: float) -> None:
+    """Blocks until every coordinated task reached `barrier_id`; raises a tf.errors.OpError on
+    failure (a peer died, the timeout passed, or no coordination service runs here)."""
+    from tensorflow.python.eager import context
+
+    context.context().wait_at_barrier(barrier_id, int(timeout_s * 1000))
