@@ -58,6 +58,23 @@ def test_one_process_is_pipeline_0_of_1():
     assert source.local_replicas == 1 and not source.distributed
 
 
+@pytest.mark.parametrize(
+    "devices, local_replicas, want",
+    [
+        (("/device:CPU:0",), 1, False),  # one_device, a parameter_server worker without GPUs
+        (("/device:GPU:0",), 1, False),  # one accelerator per process or per worker
+        (("/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1"), 2, False),
+        (("/device:GPU:0", "/device:GPU:1"), 2, True),  # several accelerators: TF's iterator
+    ],
+)
+def test_tf_distributed_iterator_only_for_several_local_accelerator_replicas(
+    devices, local_replicas, want
+):
+    # worker_devices as MirroredStrategy and ParameterServerStrategy (per worker) report them
+    strategy = types.SimpleNamespace(extended=types.SimpleNamespace(worker_devices=devices))
+    assert data_lib.uses_distributed_iterator(strategy, local_replicas) is want
+
+
 MIRRORED_SCRIPT = r"""
 import json
 import keras

@@ -63,6 +63,25 @@ def process_input_context(strategy: tf.distribute.Strategy) -> tf.distribute.Inp
     )
 
 
+def uses_distributed_iterator(strategy: tf.distribute.Strategy, local_replicas: int) -> bool:
+    """The one rule for which iterator feeds a process's (or a parameter_server worker's) replicas.
+
+    TF's distributed iterator only where it buys something: several local
+    replicas on accelerators, whose batches it copies onto their devices ahead
+    of the step. Everywhere else (one replica per process or per worker, or
+    replicas that are CPUs) a plain `tf.data` iterator: TF's always goes
+    through a MultiDeviceIterator, whose background thread and per-device
+    buffers cost about 2x the CPU per batch (see `SyncInput`), and ran a
+    parameter_server cluster at 17-18 steps/s against 32-33 with plain worker
+    pipelines (benchmarks/ps_vs_tf_keras.py, 2 cores). `strategy` supplies the
+    replica devices: under parameter_server those of each worker.
+    """
+    return local_replicas > 1 and any(
+        tf.DeviceSpec.from_string(d).device_type not in (None, "CPU")
+        for d in _replica_devices(strategy)
+    )
+
+
 class SyncInput:
     """The training input of one process under a synchronous strategy: the iterator and how a step takes a batch.
 
@@ -70,8 +89,7 @@ class SyncInput:
     element per local replica (replica i gets the i-th, as TF's distributed
     iterator hands them out) and the step copies it to the replica's device.
     TF's distributed iterator (`distribute_datasets_from_function`) is used
-    only where it buys something: several local replicas on accelerators,
-    whose batches it copies onto their devices ahead of the step. Elsewhere
+    only where `uses_distributed_iterator` says it buys something. Elsewhere
     (one_device, mirrored over CPUs, multi_worker_mirrored and model_parallel
     with one replica per process) it would only add cost: it always goes
     through a MultiDeviceIterator (whatever `experimental_fetch_to_device`
@@ -87,15 +105,12 @@ class SyncInput:
         self.strategy = strategy
         self.context = process_input_context(strategy)
         self.local_replicas = strategy.num_replicas_in_sync // self.context.num_input_pipelines
-        devices = _replica_devices(strategy)
-        self.distributed = self.local_replicas > 1 and any(
-            tf.DeviceSpec.from_string(d).device_type not in (None, "CPU") for d in devices
-        )
+        self.distributed = uses_distributed_iterator(strategy, self.local_replicas)
         if self.distributed:
             self.iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
             return
         host = (
-            tf.DeviceSpec.from_string(devices[0])
+            tf.DeviceSpec.from_string(_replica_devices(strategy)[0])
             .replace(device_type="CPU", device_index=0)
             .to_string()
         )

@@ -238,10 +238,9 @@ class TrainLoop:
 class ScheduledTrainLoop:
     """Runs training steps under parameter_server: whole loops scheduled onto workers by the chief.
 
-    A worker with one replica iterates its plain tf.data pipeline: TF's
-    distributed iterator (a MultiDeviceIterator on every worker) ran the same
-    cluster at 17-18 steps/s against 32-33 with the plain one (2 workers, 1 ps,
-    2 cores; benchmarks/ps_vs_tf_keras.py).
+    Each worker reads its own pipeline; which iterator feeds it is
+    `data.uses_distributed_iterator`'s rule, the same as for the synchronous
+    strategies (a plain one unless a worker has several accelerator replicas).
     """
 
     def __init__(
@@ -266,11 +265,10 @@ class ScheduledTrainLoop:
         self.stall_timeout_s = stall_timeout_s
         self.worker_addresses = list(worker_addresses)
         self._loop = _train_loop_fn(strategy, trainer, global_step, jit_compile, step_fn)
-        # One replica per worker (CPU or one accelerator): each worker iterates its plain
-        # tf.data pipeline, as data.SyncInput does for the synchronous strategies; TF's
-        # distributed iterator (a MultiDeviceIterator per worker) is kept for workers with
-        # several local replicas, which it feeds ahead of the step.
-        self.plain_worker_input = strategy.num_replicas_in_sync == 1
+        # Under parameter_server num_replicas_in_sync counts one worker's replicas (its GPUs).
+        self.plain_worker_input = not data_lib.uses_distributed_iterator(
+            strategy, strategy.num_replicas_in_sync
+        )
 
         @tf.autograph.experimental.do_not_convert
         def per_worker_dataset_fn():
@@ -287,7 +285,7 @@ class ScheduledTrainLoop:
             "training input: each worker's own pipeline, %s",
             "a plain iterator on the worker"
             if self.plain_worker_input
-            else "TF's distributed iterator (several replicas per worker)",
+            else "TF's distributed iterator (several accelerator replicas per worker)",
         )
         per_worker = coordinator.create_per_worker_dataset(per_worker_dataset_fn)
         self._iterator = iter(per_worker)
