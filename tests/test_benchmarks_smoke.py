@@ -145,12 +145,14 @@ def test_run_all_exits_1_when_a_benchmark_fails(tmp_path):
 @pytest.mark.timeout(300)
 def test_ps_steps_per_loop_smoke(tmp_path):
     out = str(tmp_path / "bench")
-    run_smoke("benchmarks.ps_steps_per_loop", out)
+    # Three values (two fixed, so the recommendation has a choice, and 'auto'): each is a
+    # cluster of its own, and a fourth would prove nothing more.
+    run_smoke("benchmarks.ps_steps_per_loop", out, "--steps_per_loop=1,10,auto")
 
     payload = load(out, "ps_steps_per_loop")
     assert payload["benchmark"] == "ps_steps_per_loop" and payload["smoke"] is True
     assert payload["baseline"] == "steps_per_loop=1"
-    assert [r["steps_per_loop"] for r in payload["results"]] == [1, 10, 100, "auto"]
+    assert [r["steps_per_loop"] for r in payload["results"]] == [1, 10, "auto"]
     for result in payload["results"]:
         assert set(result) >= STATS_KEYS
         assert {
@@ -163,13 +165,13 @@ def test_ps_steps_per_loop_smoke(tmp_path):
     assert payload["results"][0]["speedup_vs_baseline"] == 1.0
     # Each steps_per_loop value had a cluster (and chief process) of its own.
     assert payload["config"]["process_layout"].startswith("one cluster and chief process per")
-    assert len(payload["clusters"]) == 4
+    assert len(payload["clusters"]) == 3
     ports = [tuple(c["worker"] + c["ps"]) for c in payload["clusters"].values()]
     assert payload["cluster"] in payload["clusters"].values()
     assert all(len(p) == 3 for p in ports)
     # The real cluster trained: every scheduled step was counted once.
     assert payload["global_step_exact"] is True
-    assert payload["recommendation"]["steps_per_loop"] in (1, 10, 100)
+    assert payload["recommendation"]["steps_per_loop"] in (1, 10)
     auto = [f for f in check_figures(payload, at_least=2) if "'auto'" in f["figure"]]
     assert len(auto) == 1 and auto[0]["target"] == ">= 0.9"
     # The ps and worker tasks it started are gone: nothing listens on their ports any more.
