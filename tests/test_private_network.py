@@ -25,6 +25,8 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
+import tempfile
 import time
 
 import clusterlib
@@ -230,29 +232,173 @@ def test_private_network_rejects_another_host(tmp_path):
     assert not os.path.exists(model_dir)
 
 
-def test_private_network_names_why_it_cannot_run(tmp_path):
-    """As an unprivileged user, `--private_network_via=netns` fails with one sentence and exit 2."""
-    setpriv = shutil.which("setpriv")
-    if os.geteuid() != 0 or setpriv is None:
-        pytest.skip("needs root and util-linux's setpriv to run the launcher as another user")
-    model_dir = str(tmp_path / "model")
-    cmd = [
-        setpriv,
-        "--reuid=65534",
-        "--regid=65534",
-        "--clear-groups",
-        "--",
-        *launch_cmd(["--private_network", "--private_network_via=netns"], mnist_args(model_dir)),
+NOBODY = 65534
+
+# Run by the launcher's Python as root: prints where the packages the launcher imports live,
+# those that are not part of Python itself (tfdist_trainer, absl, gin), one path a line.
+_LAUNCHER_PACKAGES = """
+import os, sys
+import tfdist_trainer.config, tfdist_trainer.launch, tfdist_trainer.netns
+for name in sorted({m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names)):
+    file = getattr(sys.modules[name], "__file__", None)
+    if name.startswith("_") or not file:
+        continue
+    print(os.path.dirname(file) if os.path.basename(file) == "__init__.py" else file)
+"""
+
+# Runs the launcher (argv after -c) with os.geteuid() answering nobody's uid.
+_LAUNCH_AS_IF_NOBODY = f"""
+import os, runpy
+os.geteuid = lambda: {NOBODY}
+runpy.run_module("tfdist_trainer.launch", run_name="__main__", alter_sys=True)
+"""
+
+
+def _as_nobody(setpriv: str) -> list[str]:
+    return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
+
+
+def _readable_copy_of_launcher(root: str) -> None:
+    """Copies the launcher's packages into `root`, every directory 0755 and every file 0644."""
+    listed = subprocess.run(
+        [clusterlib.PYTHON, "-c", _LAUNCHER_PACKAGES],
+        capture_output=True,
+        text=True,
+        env=clusterlib.base_env(),
+        cwd=REPO,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    paths = listed.stdout.split()
+    assert any(os.path.basename(p) == "tfdist_trainer" for p in paths), paths
+    for path in paths:
+        target = os.path.join(root, os.path.basename(path))
+        if os.path.isdir(path):
+            shutil.copytree(path, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copyfile(path, target)
+    os.chmod(root, 0o755)
+    for parent, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(os.path.join(parent, name), 0o755)
+        for name in files:
+            os.chmod(os.path.join(parent, name), 0o644)
+
+
+def _python_nobody_can_run(setpriv: str, root: str, env: dict[str, str]) -> str | None:
+    """The first Python that user nobody can start and import the launcher with from `root`, or None.
+
+    `-S`: nothing from a site directory (the checkout's editable install, the
+    virtualenv) is seen, only the copy in `root` and Python's own library.
+    """
+    candidates = [
+        clusterlib.PYTHON,
+        getattr(sys, "_base_executable", None),
+        shutil.which(f"python{sys.version_info[0]}.{sys.version_info[1]}"),
+        shutil.which("python3"),
+        "/usr/bin/python3",
     ]
-    r = clusterlib.run(cmd, timeout=60)
-    if "Permission denied" in r.stdout and "[launch]" not in r.stdout:
-        pytest.skip(f"user nobody cannot run this checkout's Python: {r.stdout[-500:]}")
+    seen = set()
+    for python in candidates:
+        if not python or os.path.realpath(python) in seen:
+            continue
+        seen.add(os.path.realpath(python))
+        probe = subprocess.run(
+            [*_as_nobody(setpriv), python, "-S", "-c", "import tfdist_trainer.launch"],
+            capture_output=True,
+            env=env,
+            cwd=root,
+            timeout=60,
+        )
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+def assert_names_why_netns_cannot_run(r: subprocess.CompletedProcess, uid: int) -> None:
     assert r.returncode == 2, r.stdout[-3000:]
     errors = [line for line in r.stdout.splitlines() if line.startswith("[launch] error:")]
     assert len(errors) == 1, r.stdout[-3000:]
     assert "--private_network cannot create a network namespace" in errors[0]
-    assert "need root" in errors[0] and errors[0].endswith("."), errors[0]
+    assert "need root" in errors[0] and f"running as uid {uid})" in errors[0], errors[0]
+    assert errors[0].endswith("."), errors[0]
     assert "Traceback" not in r.stdout
+
+
+def test_private_network_names_why_it_cannot_run(tmp_path):
+    """As an unprivileged user, `--private_network_via=netns` fails with one sentence and exit 2.
+
+    Not root: the launcher runs as this user. Root: as user nobody (setpriv),
+    from a world-readable copy of the packages it imports in /tmp, since
+    nobody may not read the checkout (a clone under `mktemp -d`, 0700, with
+    its virtualenv inside). Where nobody can start no Python at all (or there
+    is no setpriv), the launcher runs as root with os.geteuid() answering
+    nobody's uid: the same decision, message and exit code.
+    """
+    launch_args = ["--private_network", "--private_network_via=netns"]
+    train_args = mnist_args(str(tmp_path / "model"))
+    if os.geteuid() != 0:
+        r = clusterlib.run(launch_cmd(launch_args, train_args), timeout=60)
+        assert_names_why_netns_cannot_run(r, os.geteuid())
+        return
+    setpriv = shutil.which("setpriv")
+    copy = tempfile.mkdtemp(
+        prefix="tfdist-launcher-", dir="/tmp" if os.path.isdir("/tmp") else None
+    )
+    try:
+        env = clusterlib.base_env({"PYTHONPATH": copy})
+        python = None
+        if setpriv:
+            _readable_copy_of_launcher(copy)
+            python = _python_nobody_can_run(setpriv, copy, env)
+        if python:
+            cmd = [
+                *_as_nobody(setpriv),
+                python,
+                "-S",
+                "-m",
+                "tfdist_trainer.launch",
+                *launch_args,
+                "--",
+                *train_args,
+            ]
+            r = clusterlib.run(cmd, env=env, cwd=copy, timeout=60)
+        else:
+            cmd = [clusterlib.PYTHON, "-c", _LAUNCH_AS_IF_NOBODY, *launch_args, "--", *train_args]
+            r = clusterlib.run(cmd, timeout=60)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    assert_names_why_netns_cannot_run(r, NOBODY)
+    assert not os.path.exists(tmp_path / "model")
+
+
+def test_private_network_netns_needs_root_decided_in_process(monkeypatch):
+    """The launcher's decision itself, for any uid but root: netns cannot be used, and why."""
+    monkeypatch.setattr(os, "geteuid", lambda: NOBODY)
+    method, reason = netns.private_network_method("netns")
+    assert method == "netns"
+    assert reason == f"network namespaces with `ip netns` need root (running as uid {NOBODY})"
+
+
+def test_private_network_refused_without_root_by_the_launcher(tmp_path):
+    """The launcher, root or not, with os.geteuid() answering nobody's uid: one sentence, exit 2.
+
+    In a child process: the launcher's absl flags cannot be defined next to
+    tfdist_trainer.cli's in the test's own process.
+    """
+    model_dir = tmp_path / "model"
+    cmd = [
+        clusterlib.PYTHON,
+        "-c",
+        _LAUNCH_AS_IF_NOBODY,
+        "--private_network",
+        "--private_network_via=netns",
+        "--",
+        *mnist_args(str(model_dir)),
+    ]
+    r = clusterlib.run(cmd, timeout=60)
+    assert_names_why_netns_cannot_run(r, NOBODY)
+    assert not os.path.exists(model_dir)
 
 
 # -- the namespace helpers -----------------------------------------------------------------
