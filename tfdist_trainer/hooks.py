@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import gin
 from absl import logging
 
-from tfdist_trainer import storage
+from tfdist_trainer import memory, storage
 from tfdist_trainer.errors import ConfigError, NonFiniteLossError, StorageError
 from tfdist_trainer.logs import format_tags
 
@@ -184,14 +184,16 @@ class ProgressLogger(Hook):
         values = {"loss": self._loss_sum / max(self._loss_steps, 1), **run.take_train_metrics()}
         self._loss_sum, self._loss_steps = 0.0, 0
         eta = (run.target_step - run.step) / steps_per_s
+        peaks = memory.peak_memory_record()
         run.log_info(
-            "step %d/%d %s steps/s=%.1f examples/s=%.0f ETA=%.0fs%s",
+            "step %d/%d %s steps/s=%.1f examples/s=%.0f ETA=%.0fs %s%s",
             run.step,
             run.target_step,
             _format(values),
             steps_per_s,
             steps_per_s * run.trainer.global_batch_size,
             eta,
+            memory.format_peak_memory(peaks),
             format_tags(run.tags),
         )
         run.record.write(
@@ -200,6 +202,7 @@ class ProgressLogger(Hook):
             steps_per_s=steps_per_s,
             examples_per_s=steps_per_s * run.trainer.global_batch_size,
             **values,
+            **peaks,
             **run.tags,
         )
         run.last_train = values

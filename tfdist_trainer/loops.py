@@ -76,9 +76,15 @@ def _train_loop_fn(
         total, first_bad = strategy.run(replica_start)
         # AutoGraph carries `trainer.step` through the loop: it must start in this graph.
         trainer.step = base
-        for i in tf.range(steps):
+        for _ in tf.range(steps):
             # The step being taken, for user steps that need it (schedules, fault injection).
-            trainer.step = base + i + 1
+            # A loop-carried counter, never `base + i + 1`: ArithmeticOptimizer folds that into
+            # a 3-input AddN whose first input (`base`) is a loop invariant, and MemoryOptimizer
+            # (once a graph's estimated memory is large) rewrites such an AddN into a
+            # TemporaryVariable gated only by that input. The loop's last, dead iteration (the
+            # one whose condition is false) then creates the variable and never destroys it, so
+            # the next call fails with ALREADY_EXISTS '.../tmp_var/frame:.../iter:N' (issue 20).
+            trainer.step = trainer.step + 1
             total, first_bad = strategy.run(
                 replica_step, args=(next_batch(iterator), total, first_bad, trainer.step)
             )

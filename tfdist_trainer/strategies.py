@@ -291,11 +291,6 @@ class ModelParallel(StrategyConfig):
       placement_file: JSON of the placement (layers, their variables' devices, bytes per device),
         written by the chief; a relative path is under the task's model_dir (`Trainer.context`);
         None writes none.
-      arithmetic_optimization: Grappler's arithmetic optimizer, process-wide. Off by default:
-        on TF 2.21 it rewrites trees of adds inside the step loop into an AddN that becomes a
-        TemporaryVariable, and once activations are large (seen at d_model=256, batch 32 x 128
-        tokens) the *second* call of the loop fails with ALREADY_EXISTS
-        '.../ArithmeticOptimizer/AddOpsRewrite_add_7/tmp_var/frame:.../iter:N' (one_device too).
     """
 
     name = "model_parallel"
@@ -311,7 +306,6 @@ class ModelParallel(StrategyConfig):
         data_parallel: str | None = None,
         gpu_memory_growth: bool = False,
         placement_file: str | None = "placement.json",
-        arithmetic_optimization: bool = False,
     ):
         from tfdist_trainer import placement as placement_lib
 
@@ -340,7 +334,6 @@ class ModelParallel(StrategyConfig):
         self.data_parallel = data_parallel
         self.gpu_memory_growth = bool(gpu_memory_growth)
         self.placement_file = placement_file
-        self.arithmetic_optimization = bool(arithmetic_optimization)
         #: Synchronous data parallelism over workers comes from multi_worker_mirrored (its gin
         #: knobs apply); None: one process.
         self.workers: MultiWorkerMirrored | None = MultiWorkerMirrored() if data_parallel else None

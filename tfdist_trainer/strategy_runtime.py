@@ -177,8 +177,6 @@ def _parameter_server(config: ParameterServer, context):
 
 @_devices_of(ModelParallel)
 def _model_parallel_devices(config: ModelParallel) -> None:
-    if not config.arithmetic_optimization:
-        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
     gpus = _available_gpus()
     if gpus:
         if config.gpu_memory_growth:

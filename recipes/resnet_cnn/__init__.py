@@ -1,0 +1,1 @@
+"""A ResNet-style CNN with BatchNormalization and skip connections (the model zoo's image model)."""
