@@ -118,6 +118,10 @@ def test_empty_tf_config_is_a_lone_process():
             _tf_config({"chief": ["h:1", "h:2"], "worker": ["h:3"]}, "chief", 0),
             ["exactly one chief"],
         ),
+        (
+            _tf_config({"chief": ["h:1"], "evaluator": ["h:2", "h:3"]}, "evaluator", 1),
+            ["at most one evaluator, got 2", "'evaluator'"],
+        ),
         (_tf_config({"worker": ["h:1"]}, "worker", 0, rpc_layer="http"), ["rpc_layer 'http'"]),
     ],
 )

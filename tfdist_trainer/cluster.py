@@ -212,6 +212,12 @@ def _validated(
         raise ClusterConfigError(
             f"{where}: a cluster has exactly one chief, got {len(normalized[CHIEF])}."
         )
+    # Two evaluators would evaluate every checkpoint twice and both write eval/metrics.jsonl.
+    if len(normalized.get(EVALUATOR, ())) > 1:
+        raise ClusterConfigError(
+            f"{where}: a cluster has at most one evaluator, got {len(normalized[EVALUATOR])}; "
+            f"list one address under 'evaluator'."
+        )
     seen: dict[str, str] = {}
     for t, addresses in normalized.items():
         for i, a in enumerate(addresses):
