@@ -57,6 +57,31 @@ SHUTDOWN = [
     'Connection refused"}',
 ]
 
+# -- known chatter of the evaluator: TF's checkpoint polling and SavedModel writing (BestExporter)
+EVALUATOR_CHATTER = [
+    "[evaluator:0] I1124 11:42:44.585896 140136287636352 checkpoint_utils.py:168] Waiting for new "
+    "checkpoint at /tmp/run/model",
+    "[evaluator:0] I1124 11:42:49.786939 140136287636352 signature_serialization.py:156] Function "
+    "`__call__` contains input name(s) resource with unsupported characters which will be renamed "
+    "to sequential_1_dense_1_2_add_readvariableop_resource in the SavedModel.",
+    "[evaluator:0] I1124 11:42:49.936423 140136287636352 builder_impl.py:838] Assets written to: "
+    "/tmp/run/model/export/best_eval_loss/.tmp-20-1b51af1dd90e/assets",
+    "[evaluator:0] I1124 11:42:49.938138 140136287636352 fingerprinting_utils.py:49] Writing "
+    "fingerprint to /tmp/run/model/export/best_eval_loss/.tmp-20-1b51af1dd90e/fingerprint.pb",
+]
+EVALUATOR_PROGRESS = [
+    "[evaluator:0] I1124 11:42:44.585896 140136287636352 evaluator.py:84] waiting for the first "
+    "checkpoint in /tmp/run/model",
+    "[evaluator:0] I1124 11:42:49.951524 140136287636352 evaluator.py:244] skipping 1 checkpoint(s) "
+    "saved after step 20 (steps 30) to evaluate the newest, step 40: evaluation takes longer than "
+    "the interval between checkpoints",
+    "[evaluator:0] I1124 11:42:50.011976 140136287636352 logs.py:162] eval at step 40: "
+    "eval_loss=0.1807 eval_accuracy=0.9688 eval_examples=1024.0000",
+    "[evaluator:0] I1124 11:42:50.318313 140136287636352 hooks.py:576] BestExporter: new best "
+    "eval_loss=0.18069 at step 40 (was 0.38342 at step 20); exported to "
+    "/tmp/run/model/export/best_eval_loss/40",
+]
+
 PROGRESS = [
     "[chief:0] I1123 07:48:48.925053 140627159559040 controller.py:258] strategy parameter_server "
     "with 1 replica(s) in sync",
@@ -119,6 +144,13 @@ def _shown(lines, **kwargs):
 
 def test_known_startup_chatter_stays_off_the_console():
     assert _shown(STARTUP) == []
+
+
+def test_the_evaluators_tf_chatter_stays_off_the_console_and_its_own_lines_do_not():
+    """TF's "Waiting for new checkpoint" (once a second under tf.train.checkpoints_iterator) and the
+    lines of writing a SavedModel go to the task's log only; the evaluator's own lines are shown."""
+    lines = EVALUATOR_CHATTER[:1] + EVALUATOR_PROGRESS[:3] + EVALUATOR_CHATTER[1:]
+    assert _shown(lines + EVALUATOR_PROGRESS[3:]) == EVALUATOR_PROGRESS
 
 
 def test_progress_and_launcher_lines_are_shown():

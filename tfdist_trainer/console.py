@@ -65,6 +65,12 @@ TF_INFO_SOURCES = (
     "remote.py",  # the session config, a protobuf dump on the lines after it
     "cluster_coordinator.py",
     "functional_saver.py",
+    # tf.train.checkpoints_iterator: "Waiting for new checkpoint at ...", once a second.
+    "checkpoint_utils.py",
+    # Writing a SavedModel (an export): renamed inputs, "Assets written to", "Writing fingerprint".
+    "signature_serialization.py",
+    "builder_impl.py",
+    "fingerprinting_utils.py",
 )
 #: cuInit's answer on a machine with no NVIDIA device; with one, the same line is a real problem.
 NO_GPU_CUINIT = ("cuda_platform.cc", re.compile(r"^failed call to cuInit: .*\((303|100)\)$"))
