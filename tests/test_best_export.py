@@ -57,6 +57,29 @@ def assert_records_match(found: dict[int, dict], evals: list[dict], metric: str,
         assert record["checkpoint"].endswith(f"ckpt-{step}"), record
 
 
+def assert_best_is_exported(model_dir, metric: str = "eval_loss", mode: str = "min") -> dict:
+    """The invariant of a run with BestExporter: the best `metric` metrics.jsonl holds is the value
+    of the highest-step export, and that export is of a step metrics.jsonl evaluated; returns it."""
+    evals = records(model_dir, "eval")
+    assert evals, f"no eval record in {model_dir}/metrics.jsonl"
+    values = [r[metric] for r in evals]
+    best = min(values) if mode == "min" else max(values)
+    found = exports(os.path.join(model_dir, "export", f"best_{metric}"))
+    assert found, f"no export for the evaluations {evals}"
+    top = found[max(found)]
+    assert top["value"] == pytest.approx(best, rel=1e-6), (top, evals)
+    assert max(found) in {r["step"] for r in evals if r[metric] == top["value"]}, (top, evals)
+    return top
+
+
+def launch(project, launch_args: list[str], args: list[str]) -> str:
+    """A local cluster of the user's project through `tfdist-launch`; its output, once it exited 0."""
+    result = clusterlib.run(
+        launch_cmd(launch_args, args), env=user_env(project), cwd=str(project), timeout=TIMEOUT_S
+    )
+    return expect_exit(result, 0)
+
+
 def model_from_checkpoint(project, checkpoint: str):
     """The user's model (MyTrainer's) built in this process with the checkpoint's weights."""
     if str(project) not in sys.path:
@@ -121,6 +144,8 @@ def test_keeps_the_best_n_exports_each_with_its_record(inline_run):
     )
     assert [int(s) for s in exported] == improved, (exported, improved)
     assert f"keeping the best 2: steps {sorted(improved[-2:], reverse=True)}" in out, out[-3000:]
+    assert {r["evaluated_by"] for r in evals} == {"chief"}, evals
+    assert_best_is_exported(model_dir)
 
 
 def test_mode_max_exports_only_new_maxima(inline_run):
@@ -227,13 +252,7 @@ def test_evaluator_side_car_exports_the_checkpoints_it_evaluated(project, tmp_pa
         "train.extra_hooks=[@BestExporter()]",
         "BestExporter.keep=2",
     )
-    result = clusterlib.run(
-        launch_cmd(["--evaluator"], args),
-        env=user_env(project),
-        cwd=str(project),
-        timeout=TIMEOUT_S,
-    )
-    out = expect_exit(result, 0)
+    out = launch(project, ["--evaluator"], args)
     chief = [line for line in out.splitlines() if line.startswith("[chief:0]")]
     side_car = [line for line in out.splitlines() if line.startswith("[evaluator:0]")]
     assert any("the evaluator task exports the best model" in line for line in chief), out[-4000:]
@@ -247,6 +266,10 @@ def test_evaluator_side_car_exports_the_checkpoints_it_evaluated(project, tmp_pa
     assert_records_match(found, evals, "eval_loss", "min")
     exported = re.findall(r"new best eval_loss=\S+ at step (\d+)", "\n".join(side_car))
     assert [int(s) for s in exported] == improved, (exported, improved)
+    # metrics.jsonl holds the evaluator's evaluations, once each, and no inline one.
+    assert records(model_dir, "eval") == evals, (records(model_dir, "eval"), evals)
+    assert {r["evaluated_by"] for r in evals} == {"evaluator"}, evals
+    assert_best_is_exported(model_dir)
     best = max(found)
     assert_export_matches_checkpoint(
         project, model_dir / "export" / "best_eval_loss" / str(best), found[best]["checkpoint"]
@@ -268,13 +291,7 @@ def test_inline_under_multi_worker_mirrored(project, tmp_path):
         "train.extra_hooks=[@BestExporter()]",
         strategy="multi_worker_mirrored",
     )
-    result = clusterlib.run(
-        launch_cmd(["--num_workers=2"], args),
-        env=user_env(project),
-        cwd=str(project),
-        timeout=TIMEOUT_S,
-    )
-    out = expect_exit(result, 0)
+    out = launch(project, ["--num_workers=2"], args)
     evals = records(model_dir, "eval")
     improved = improving_steps(evals, "eval_loss", "min")
     found = exports(model_dir / "export" / "best_eval_loss")
@@ -285,6 +302,7 @@ def test_inline_under_multi_worker_mirrored(project, tmp_path):
         for line in out.splitlines()
     ), out[-4000:]
     assert not os.path.exists(model_dir / ".tmp_checkpoints"), "throw-away checkpoints were left"
+    assert_best_is_exported(model_dir)
     best = max(found)
     assert_export_matches_checkpoint(
         project, model_dir / "export" / "best_eval_loss" / str(best), found[best]["checkpoint"]

@@ -24,10 +24,17 @@ from tfdist_trainer import hooks as hooks_lib
 from tfdist_trainer import loops, markers, storage, strategy_runtime
 from tfdist_trainer import warm_start as warm_start_lib
 from tfdist_trainer.checkpoints import Checkpointer
-from tfdist_trainer.cluster import WORKER, ClusterConfig
+from tfdist_trainer.cluster import EVALUATOR, WORKER, ClusterConfig
 from tfdist_trainer.errors import ClusterStalledError, ConfigError, Preempted
 from tfdist_trainer.experiment import Experiment
-from tfdist_trainer.logs import MetricsRecord, Summaries, report_eval, trainer_tags
+from tfdist_trainer.logs import (
+    EVALUATOR_JOURNAL,
+    MetricsRecord,
+    Summaries,
+    read_records,
+    report_eval,
+    trainer_tags,
+)
 from tfdist_trainer.state import build_model, build_state, log_placement, weights_fingerprint
 from tfdist_trainer.trainer import Trainer
 
@@ -75,6 +82,12 @@ class RunContext:
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self.last_eval_step: int | None = None
+        #: Every evaluation this run has seen so far, oldest first: (step, {eval_<name>: value}).
+        self.evaluations: list[tuple[int, dict[str, float]]] = []
+        #: Whether the cluster has an evaluator task: then it evaluates, and the training tasks do not.
+        self.has_evaluator_task = cluster.num_tasks(EVALUATOR) > 0
+        # The evaluator's results up to the restored step were this run's predecessor's.
+        self._evaluator_step = self.step
         self._max_over_workers = max_over_workers  # None: no synchronous peers to agree with
 
     def refresh_step(self) -> None:
@@ -106,6 +119,7 @@ class RunContext:
             return None
 
     def evaluate(self) -> dict[str, float]:
+        """Evaluates inline (every synchronous worker together) and records it; {} without eval data."""
         if not self.evaluator.enabled:
             return {}
         values = report_eval(
@@ -115,9 +129,39 @@ class RunContext:
             record=self.record,
             summaries=self.summaries,
             log=self.log_info,
+            evaluated_by="chief",
         )
-        self.last_eval, self.last_eval_step = values, self.step
+        self._saw_evaluation(self.step, values)
         return values
+
+    def take_evaluator_results(self) -> None:
+        """Takes the evaluations the evaluator task has journaled since the last call.
+
+        The chief copies them into metrics.jsonl, so that it holds every
+        evaluation whoever made it; `last_eval` and `evaluations` follow them on
+        every training task (EarlyStopping reads them). Synchronous workers read
+        the journal at slightly different times, so they agree to act on the
+        evaluations all of them have read.
+        """
+        journaled = [
+            r
+            for r in read_records(storage.join(self.model_dir, EVALUATOR_JOURNAL))
+            if r.get("kind") == "eval"
+        ]
+        count = len(journaled)
+        if self._max_over_workers is not None:
+            count = -self._max_over_workers(-count)  # the fewest read by any worker
+        for r in journaled[:count]:
+            if r["step"] > self._evaluator_step:
+                self._evaluator_step = r["step"]
+                self._saw_evaluation(
+                    r["step"], {k: v for k, v in r.items() if k.startswith("eval_")}
+                )
+        self.record.add_missing(journaled[:count])
+
+    def _saw_evaluation(self, step: int, values: dict[str, float]) -> None:
+        self.last_eval, self.last_eval_step = values, step
+        self.evaluations.append((step, values))
 
     def export_saved_model(self, path: str) -> None:
         """Exports a copy of the model built outside any strategy, so it serves anywhere.

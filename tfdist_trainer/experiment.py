@@ -29,9 +29,11 @@ class Experiment:
         strategy's default; 'auto' tunes it from measured throughput (up to the distance between
         hook boundaries such as log_every_n_steps).
       log_every_n_steps: progress, train-metric records and summaries.
-      eval_every_n_steps: inline evaluation interval; None evaluates only at the end.
+      eval_every_n_steps: the evaluation interval; None evaluates only at the end. Without an
+        evaluator task the chief evaluates inline at these steps; with one, the chief saves a
+        checkpoint at each of them instead, and the evaluator evaluates every checkpoint.
       checkpoint_every_n_steps: None saves only at the end (see CheckpointHook for time-based saves).
-      keep_checkpoints: how many checkpoints to keep.
+      keep_checkpoints: how many checkpoints to keep (besides one an evaluator is reading).
       extra_hooks: more hooks after the default ones, e.g. [@EarlyStopping(), @ExportSavedModel()].
       seed: seeds Python, NumPy and TF for reproducible runs; None leaves them random.
       jit_compile: compile each replica's train step with XLA.
@@ -103,6 +105,8 @@ class Experiment:
         self.jit_compile = jit_compile
         self.mixed_precision = mixed_precision
         self.keep_checkpoints = keep_checkpoints
+        self.eval_every_n_steps = eval_every_n_steps
+        self.checkpoint_every_n_steps = checkpoint_every_n_steps
         self.hooks = hooks_lib.default_hooks(
             log_every_n_steps=log_every_n_steps,
             checkpoint_every_n_steps=checkpoint_every_n_steps,

@@ -258,23 +258,52 @@ class CheckpointHook(Hook):
 
 @gin.configurable
 class EvalHook(Hook):
-    """Evaluates every N steps (None: only at the end) and records eval_* metrics."""
+    """The run's one evaluation schedule: every N steps (None: only at the end) and at the end.
+
+    Without an evaluator task the training tasks evaluate inline and record
+    eval_* metrics. With one, they never evaluate (Estimator's
+    train_and_evaluate): the evaluator evaluates every checkpoint, so at each
+    of these steps the chief saves one for it, and the evaluator's results
+    are taken into metrics.jsonl (and `run.last_eval`) as they come.
+    """
 
     def __init__(self, every_n_steps: int | None = None):
         self.every_n_steps = every_n_steps
 
+    def begin(self, run):
+        if run.has_evaluator_task:
+            run.log_info(
+                "evaluation: by the evaluator task, of every checkpoint%s",
+                f" (one is saved every {self.every_n_steps} steps for it)"
+                if self.every_n_steps
+                else "",
+            )
+
     def after_loop(self, run, result):
-        if self._due(run.step) and run.step < run.target_step:
+        if not self._due(run.step) or run.step >= run.target_step:
+            return
+        if run.has_evaluator_task:
+            run.checkpointer.save(run.step)  # every synchronous worker takes part
+            run.take_evaluator_results()
+        else:
             run.evaluate()
 
     def end(self, run):
-        if run.last_eval_step != run.step:
+        if run.has_evaluator_task:
+            run.take_evaluator_results()  # the final checkpoint's come from the evaluator later
+        elif run.last_eval_step != run.step:
             run.evaluate()
 
 
 @gin.configurable
 class EarlyStopping(Hook):
-    """Stops when an eval metric has not improved by min_delta for `patience` evaluations."""
+    """Stops when an eval metric has not improved by min_delta for `patience` evaluations.
+
+    With an evaluator task the evaluations are the evaluator's, taken at each
+    train.eval_every_n_steps boundary (as Estimator's stop_if_no_decrease_hook
+    read the evaluator's results): the stop comes a little after the
+    evaluation that decided it.
+    """
 
     def __init__(
         self,
@@ -288,18 +317,20 @@ class EarlyStopping(Hook):
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, min_delta
         self.best: float | None = None
         self.bad_evals = 0
-        self._seen_step = None
+        self._seen = 0  # evaluations of run.evaluations already judged
 
     def after_loop(self, run, result):
-        if run.last_eval_step is None or run.last_eval_step == self._seen_step:
-            return
-        self._seen_step = run.last_eval_step
-        if self.monitor not in run.last_eval:
+        evaluations, self._seen = run.evaluations[self._seen :], len(run.evaluations)
+        for _, values in evaluations:
+            self._judge(values)
+
+    def _judge(self, values: dict[str, float]) -> None:
+        if self.monitor not in values:
             raise ConfigError(
                 f"EarlyStopping.monitor={self.monitor!r} is not an eval metric; "
-                f"choose one of {sorted(run.last_eval)}."
+                f"choose one of {sorted(values)}."
             )
-        value = run.last_eval[self.monitor]
+        value = values[self.monitor]
         better = self.best is None or (
             value < self.best - self.min_delta
             if self.mode == "min"
@@ -360,7 +391,9 @@ class BestExporter(Hook):
     evaluated (train.eval_every_n_steps; the checkpoint is saved then). When
     the cluster has an evaluator task, the training tasks leave exporting to
     it: the side-car exports the checkpoint it has just evaluated, and the
-    chief never waits for an export.
+    chief never waits for an export. Either way the exporter sees every
+    evaluation metrics.jsonl records, so the highest-step export holds the
+    best value there.
 
     Args:
       metric: an eval metric as in metrics.jsonl, e.g. 'eval_loss' or 'eval_accuracy'.
@@ -394,9 +427,7 @@ class BestExporter(Hook):
     # -- where it runs -------------------------------------------------------------
 
     def begin(self, run):
-        from tfdist_trainer.cluster import EVALUATOR
-
-        self._inline = run.cluster.num_tasks(EVALUATOR) == 0
+        self._inline = not run.has_evaluator_task
         if not self._inline and run.cluster.is_chief:
             logging.info(
                 "BestExporter(%s, %s): the evaluator task exports the best model",

@@ -34,6 +34,11 @@ def set_role(role: str) -> None:
     logging.use_python_logging(quiet=True)  # route through the formatter above
 
 
+#: The evaluator task's own record of its evaluations, relative to model_dir (the chief and, once
+#: training is done, the evaluator copy them into metrics.jsonl).
+EVALUATOR_JOURNAL = storage.join("eval", "metrics.jsonl")
+
+
 class MetricsRecord:
     """One JSON object per report in ``model_dir/<name>`` (JSON lines); what tests, demos and tools read.
 
@@ -59,16 +64,42 @@ class MetricsRecord:
         self._text += json.dumps(fields) + "\n"
         storage.write_text(self.path, self._text)
 
+    def records(self) -> list[dict]:
+        """The records in the file, as this writer last read or wrote it."""
+        return _parse(self._text)
 
-def read_records(path: str) -> list[dict]:
-    """The records of a metrics file (a local path or any URI tf.io.gfile reads); [] when it is absent."""
+    def add_missing(self, records: list[dict]) -> list[dict]:
+        """Adds, in one rewrite, each record not there yet; returns those added.
+
+        A record is there when one has the same kind, step and ``evaluated_by``:
+        how the chief copies the evaluator's results into metrics.jsonl, and the
+        evaluator the last of them, once each, whoever gets there first.
+        """
+        present = {_identity(r) for r in self.records()}
+        added = [r for r in records if _identity(r) not in present]
+        if added and self.enabled:
+            self._text += "".join(json.dumps(r) + "\n" for r in added)
+            storage.write_text(self.path, self._text)
+        return added
+
+
+def _identity(record: dict) -> tuple:
+    return record.get("kind"), record.get("step"), record.get("evaluated_by")
+
+
+def _parse(text: str) -> list[dict]:
     records = []
-    for line in (storage.read_text(path) or "").splitlines():
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             pass  # a torn last line, left by an older version that appended
     return records
+
+
+def read_records(path: str) -> list[dict]:
+    """The records of a metrics file (a local path or any URI tf.io.gfile reads); [] when it is absent."""
+    return _parse(storage.read_text(path) or "")
 
 
 class Summaries:

@@ -31,7 +31,7 @@ def mark_done(model_dir: str, step: int | None) -> None:
     storage.write_text(path, json.dumps({"run_id": uuid.uuid4().hex, "step": int(step)}) + "\n")
 
 
-def _read_marker(model_dir: str) -> dict | None:
+def read_marker(model_dir: str) -> dict | None:
     """The done marker as {"run_id", "step"}, or None when there is none (or it cannot be read)."""
     try:
         text = storage.read_text(storage.join(model_dir, DONE_FILE))
@@ -50,7 +50,7 @@ def _read_marker(model_dir: str) -> dict | None:
 
 
 def done_run_id(model_dir: str) -> str | None:
-    marker = _read_marker(model_dir)
+    marker = read_marker(model_dir)
     return marker["run_id"] if marker else None
 
 
@@ -62,5 +62,5 @@ def done_since(model_dir: str, stale: str | None) -> bool:
 
 def done_step(model_dir: str) -> int | None:
     """The step at which the chief marked training done, or None."""
-    marker = _read_marker(model_dir)
+    marker = read_marker(model_dir)
     return marker["step"] if marker else None
