@@ -264,6 +264,9 @@ class VariantProcesses:
     one child at a time while the others wait idle on their stdin. `drop_env`
     names variables the children must not inherit (e.g. TF_CONFIG, for a
     one_device child of a cluster task); `set_env` sets some (e.g. another TF_CONFIG).
+    ``start_together=True`` (--smoke) starts every child at once instead: the
+    same processes and answers, but their start-up and warm-up overlap on the
+    machine's cores, so build_and_warmup_s means nothing (as nothing does in a smoke run).
     """
 
     def __init__(
@@ -274,6 +277,7 @@ class VariantProcesses:
         tag: str,
         drop_env: Sequence[str] = (),
         set_env: dict[str, str] | None = None,
+        start_together: bool = False,
     ):
         import subprocess
 
@@ -298,16 +302,24 @@ class VariantProcesses:
                     stdout=subprocess.PIPE,
                     text=True,
                 )
-                self.info[name] = self._reply(name)
-                self.environments[name] = self.info[name].pop("environment", None)
-                print(
-                    f"[{tag}] {name}: built and warmed up in its own process (pid {self.procs[name].pid}) in "
-                    f"{self.info[name]['build_and_warmup_s']:.1f}s",
-                    flush=True,
-                )
+                if not start_together:
+                    self._ready(name)
+            if start_together:
+                for name in names:
+                    self._ready(name)
         except BaseException:
             self.close()
             raise
+
+    def _ready(self, name: str) -> None:
+        """Waits for the child's ready line (built and warmed up) and keeps what it says."""
+        self.info[name] = self._reply(name)
+        self.environments[name] = self.info[name].pop("environment", None)
+        print(
+            f"[{self.tag}] {name}: built and warmed up in its own process (pid {self.procs[name].pid}) in "
+            f"{self.info[name]['build_and_warmup_s']:.1f}s",
+            flush=True,
+        )
 
     def _reply(self, name: str) -> dict[str, Any]:
         proc = self.procs[name]

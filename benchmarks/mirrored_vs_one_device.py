@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> dict:
         f"[{NAME}] global batch {args.batch_size}, {args.steps} steps x {args.repeats}, one process per variant",
         flush=True,
     )
-    procs = _common.VariantProcesses(f"benchmarks.{NAME}", VARIANTS, args.argv, NAME)
+    procs = _common.VariantProcesses(
+        f"benchmarks.{NAME}", VARIANTS, args.argv, NAME, start_together=args.smoke
+    )
     try:
         times, _ = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
     finally:

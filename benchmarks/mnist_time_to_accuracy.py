@@ -574,7 +574,9 @@ def run(args: argparse.Namespace) -> dict:
         f"one process per variant",
         flush=True,
     )
-    procs = _common.VariantProcesses(f"benchmarks.{NAME}", VARIANTS, args.argv, NAME)
+    procs = _common.VariantProcesses(
+        f"benchmarks.{NAME}", VARIANTS, args.argv, NAME, start_together=args.smoke
+    )
     try:
         data = procs.info[VARIANTS[0]]["dataset"]
         for name in VARIANTS[1:]:

@@ -156,7 +156,9 @@ def main(argv: list[str]) -> int:
         return 0
     variants = _variants(args)
     names = list(variants)
-    procs = _common.VariantProcesses(f"benchmarks.{NAME}", names, args.argv, NAME)
+    procs = _common.VariantProcesses(
+        f"benchmarks.{NAME}", names, args.argv, NAME, start_together=args.smoke
+    )
     try:
         times, losses = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
     finally:

@@ -125,7 +125,9 @@ def serve(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     variants = _variants(args)
-    procs = _common.VariantProcesses(f"benchmarks.{NAME}", list(variants), args.argv, NAME)
+    procs = _common.VariantProcesses(
+        f"benchmarks.{NAME}", list(variants), args.argv, NAME, start_together=args.smoke
+    )
     try:
         times, _ = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
     finally:

@@ -232,6 +232,10 @@ def build_variant(name: str, args, pool) -> Callable[[int], float]:
 # -- the run --------------------------------------------------------------------------------------
 
 
+#: What each child reports beside its variant's info, for the parent's report only.
+_SEEN = ("data_examples", "device_name")
+
+
 def serve(args: argparse.Namespace) -> None:
     """A child process: builds the variant named by --variant_process and runs what the parent asks."""
     _common.quiet_tensorflow()
@@ -257,25 +261,35 @@ def serve(args: argparse.Namespace) -> None:
         if name == ISOLATION_CHECK
         else DESCRIPTIONS[name]
     )
-    _common.serve_variant(
-        build, args.warmup_steps, {"description": description.format(spl=args.steps_per_loop)}
-    )
+    import tensorflow as tf
+
+    info = {
+        "description": description.format(spl=args.steps_per_loop),
+        # For the parent's report (it imports no TensorFlow); it takes them out of the results.
+        "data_examples": int(len(pool[1])),
+        "device_name": tf.config.list_logical_devices()[0].name,
+    }
+    _common.serve_variant(build, args.warmup_steps, info)
 
 
 def run(args: argparse.Namespace) -> dict:
-    _common.quiet_tensorflow()
-    import tensorflow as tf
-
-    pool = _common.load_pool(args.data, args.pool_size, args.seed)  # its size, for the report
+    # No TensorFlow in this process (it only orchestrates): the children say what data and device they had.
     print(
-        f"[{NAME}] data={args.data} ({len(pool[1])} examples) batch={args.batch_size} "
+        f"[{NAME}] data={args.data} batch={args.batch_size} "
         f"filters={args.filters} dense={args.dense_units} steps={args.steps} x {args.repeats} "
-        f"(warm-up {args.warmup_steps}) on {tf.config.list_logical_devices()[0].name}, one process per variant",
+        f"(warm-up {args.warmup_steps}), one process per variant",
         flush=True,
     )
     names = args.variants + ([] if args.no_isolation_check else [ISOLATION_CHECK])
-    procs = _common.VariantProcesses(f"benchmarks.{NAME}", names, args.argv, NAME)
+    procs = _common.VariantProcesses(
+        f"benchmarks.{NAME}", names, args.argv, NAME, start_together=args.smoke
+    )
     try:
+        seen = {name: {k: procs.info[name].pop(k) for k in _SEEN} for name in names}
+        print(
+            f"[{NAME}] {seen[BASELINE]['data_examples']} examples on {seen[BASELINE]['device_name']}",
+            flush=True,
+        )
         times, losses = _common.time_interleaved(procs.runners(), args.steps, args.repeats, NAME)
     finally:
         procs.close()
@@ -355,11 +369,11 @@ def run(args: argparse.Namespace) -> dict:
             "filters": list(args.filters),
             "dense_units": args.dense_units,
             "data": args.data,
-            "data_examples": int(len(pool[1])),
+            "data_examples": seen[BASELINE]["data_examples"],
             "strategy": "one_device",
             "seed": args.seed,
         },
-        "environment": _common.environment(),
+        "environment": procs.environment(),
         "baseline": BASELINE,
         "results": results,
         "summary": summary,
