@@ -269,8 +269,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.chief:
         return args
     if args.smoke:
-        args.steps, args.steps_per_call, args.warmup_steps, args.repeats = 40, 20, 20, 1
+        # One warm-up call (epoch) and one timed call per chief; synthetic data, so that this
+        # process, which only orchestrates, never imports TensorFlow (digits are loaded with it).
+        args.steps, args.steps_per_call, args.warmup_steps, args.repeats = 20, 20, 20, 1
         args.filters, args.dense_units, args.batch_size = "4,8", 16, 16
+        args.data, args.pool_size = "synthetic", 1024
     try:
         args.filters = tuple(_common.parse_int_list(args.filters))
     except ValueError:

@@ -69,7 +69,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--batch_size", type=int, default=None, help="override Trainer.global_batch_size"
     )
-    p.add_argument("--num_workers", type=int, default=2)
+    p.add_argument(
+        "--num_workers", type=int, default=None, help="worker tasks (default 2; 1 with --smoke)"
+    )
     p.add_argument("--num_ps", type=int, default=2)
     p.add_argument(
         "--bytes_batches",
@@ -104,8 +106,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.configs = [c for c in args.configs.replace(" ", "").split(",") if c]
     if args.smoke:
-        args.configs, args.steps, args.steps_per_call, args.warmup_steps = ["tiny"], 40, 20, 20
+        # One call per timed repetition and one warm-up closure; one worker (the two ps are what
+        # shard the tables), so each of the two clusters starts one process less.
+        args.configs, args.steps, args.steps_per_call, args.warmup_steps = ["tiny"], 20, 20, 10
         args.repeats, args.bytes_batches = 1, 4
+    if args.num_workers is None:
+        args.num_workers = 1 if args.smoke else 2
     for c in args.configs:
         if c not in CONFIGS:
             p.error(f"--configs: unknown config {c!r}; pick from {', '.join(CONFIGS)}")
