@@ -60,6 +60,22 @@ def set_chief_env(cluster: dict[str, list[str]]) -> None:
     os.environ["GRPC_FAIL_FAST"] = "use_caller"
 
 
+def wait_for_servers(cluster: dict[str, list[str]], timeout_s: float) -> None:
+    """In a chief: blocks until every ps and worker task of `cluster` listens (see `start_with_chief`)."""
+    from tfdist_trainer import cluster as cluster_lib
+
+    cluster_lib.wait_for_tasks(
+        [
+            cluster_lib.TaskAddress(task_type, index, address)
+            for task_type in ("ps", "worker")
+            for index, address in enumerate(cluster.get(task_type, []))
+        ],
+        timeout_s=timeout_s,
+        poll_s=0.1,
+        waiting_for=" (waited for by the chief)",
+    )
+
+
 def peak_rss_bytes(pid: int) -> int | None:
     """VmHWM of a live process, in bytes (None once it is gone)."""
     try:
@@ -92,6 +108,7 @@ class LocalCluster:
         self.gin_files = list(gin_files)
         self.serve_types = [t for t in serve_types if t in cluster]
         self.procs: dict[str, subprocess.Popen] = {}
+        self.started_at: dict[str, float] = {}  # perf_counter() at each spawn
         self.peak: dict[str, int] = {}
 
     def __enter__(self) -> LocalCluster:
@@ -113,6 +130,7 @@ class LocalCluster:
     def spawn(self, role: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
         """Starts `cmd` as `role` (e.g. "chief:0"), output to its log file, in its own process group."""
         os.makedirs(self.log_dir, exist_ok=True)
+        self.started_at[role] = time.perf_counter()
         with open(self.log_path(role), "w") as log:
             self.procs[role] = subprocess.Popen(
                 cmd,
@@ -128,6 +146,32 @@ class LocalCluster:
     def start(self, timeout_s: float = 180.0) -> float:
         """Starts every serving task and waits until each listens; returns the seconds it took."""
         t0 = time.perf_counter()
+        self.launch()
+        self.wait_listening(timeout_s)
+        return time.perf_counter() - t0
+
+    def start_with_chief(
+        self, cmd: list[str], env: dict[str, str], timeout_s: float, together: bool = False
+    ) -> float:
+        """Starts the serving tasks and a chief process ("chief:0"); returns the servers' start-up seconds.
+
+        The chief starts once every serving task listens; with `together`
+        (--smoke) at once, beside them, so that its TensorFlow import overlaps
+        theirs: the chief must then wait for them itself before it connects
+        (`wait_for_servers`).
+        """
+        t0 = time.perf_counter()
+        self.launch()
+        if together:
+            self.spawn("chief:0", cmd, env)
+        self.wait_listening(timeout_s)
+        startup_s = time.perf_counter() - t0
+        if not together:
+            self.spawn("chief:0", cmd, env)
+        return startup_s
+
+    def launch(self) -> None:
+        """Starts every serving task (``tfdist_trainer.cli``), without waiting for them to listen."""
         for task_type in self.serve_types:
             for index in range(len(self.cluster[task_type])):
                 cmd = [
@@ -139,8 +183,6 @@ class LocalCluster:
                     "--chief_gone_grace_s=5",
                 ]
                 self.spawn(f"{task_type}:{index}", cmd, task_env(self.cluster, task_type, index))
-        self.wait_listening(timeout_s)
-        return time.perf_counter() - t0
 
     def wait_listening(self, timeout_s: float) -> None:
         from tfdist_trainer.cluster import TaskAddress, is_listening

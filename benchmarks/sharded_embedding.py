@@ -153,6 +153,7 @@ def chief_main(args: argparse.Namespace) -> None:
         bindings.append(f"Trainer.global_batch_size={args.batch_size}")
     experiment = load_experiment(gin_files(config), bindings)
     strategy_config = experiment.strategy_config
+    _cluster.wait_for_servers(cluster, args.startup_timeout_s)  # --smoke starts beside them
     runtime = strategy_runtime.start(strategy_config)
     strategy, coordinator = runtime.strategy, runtime.coordinator
     trainer = experiment.trainer_cls(report_dir=None, step_report=False)
@@ -244,13 +245,13 @@ def run_config(
             f"logs in {tasks.log_dir}",
             flush=True,
         )
-        tasks.start(args.startup_timeout_s)
         spec = json.dumps({"cluster": cluster, "config": config, "bindings": list(bindings)})
         argv = [a for a in sys.argv[1:] if not a.startswith("--chief")]
-        tasks.spawn(
-            "chief:0",
+        tasks.start_with_chief(
             [sys.executable, "-m", "benchmarks.sharded_embedding", *argv, f"--chief={spec}"],
             _cluster.task_env(None),
+            args.startup_timeout_s,
+            together=args.smoke,
         )
         tasks.wait("chief:0", args.chief_timeout_s, sample_rss=True)
         return tasks.result_line("chief:0"), dict(sorted(tasks.peak.items()))

@@ -38,6 +38,25 @@ import sys
 import time
 
 
+def wait_for_servers(cluster: dict[str, list[str]], timeout_s: float) -> None:
+    """Until every ps and worker task listens: the benchmark's --smoke starts this chief beside them."""
+    import socket
+
+    pending = [a for task_type in ("ps", "worker") for a in cluster.get(task_type, [])]
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        for address in list(pending):
+            host, port = address.rsplit(":", 1)
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                pending.remove(address)
+            except OSError:
+                pass
+        if pending and time.monotonic() > deadline:
+            raise SystemExit(f"{', '.join(pending)} did not listen within {timeout_s:g}s")
+        time.sleep(0.1)
+
+
 def main(spec_path: str) -> dict:
     with open(spec_path) as f:
         spec = json.load(f)
@@ -52,6 +71,7 @@ def main(spec_path: str) -> dict:
     tf_keras.utils.set_random_seed(spec["seed"])
     with np.load(spec["data"]) as data:
         images, labels = data["images"], data["labels"]
+    wait_for_servers(spec["cluster"], spec["startup_timeout_s"])
 
     t0 = time.perf_counter()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
