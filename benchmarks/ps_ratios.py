@@ -120,7 +120,9 @@ def measure_layout(args: argparse.Namespace, layout: tuple[int, int], round_inde
         f"--batch_size={args.batch_size}",
     ]
     if args.smoke:
-        argv += ["--filters=4,8", "--dense_units=16"]
+        # Its smoke sizes are the ones above (steps, call, warm-up, batch) and a tiny model; with
+        # --smoke the chief also imports TensorFlow while the servers start.
+        argv.append("--smoke")
     payload = _cluster.run_benchmark_process(
         "benchmarks.ps_steps_per_loop", out, argv, f"layout {label(layout)}"
     )
