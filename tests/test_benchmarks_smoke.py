@@ -2,6 +2,15 @@
 
 No timing is asserted; only that they exit 0 and write JSON with the keys that
 reports and tools read.
+
+A smoke run is each benchmark's cheapest run that still goes through all of
+its code (every variant, the report, the JSON; run_all also the chart): almost
+all of its time is TensorFlow starting in each process, so --smoke starts no
+process that no assertion needs, starts a benchmark's VariantProcesses all at
+once, and starts a cluster's chief beside its ps and worker tasks. Each of
+run_all's benchmarks is smoke-run once in the suite: trainer_vs_baselines,
+steps_per_loop_auto and mirrored_vs_one_device through run_all (below), the
+others by tests of their own (here and in tests/test_bench_*.py).
 """
 
 from __future__ import annotations
