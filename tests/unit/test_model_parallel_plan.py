@@ -82,3 +82,60 @@ def test_model_parallel_lm_configs_parse():
     )
     assert isinstance(experiment.strategy_config.workers, MultiWorkerMirrored)
     assert experiment.strategy_config.launch_layout(num_workers=2, num_ps=0) == {"worker": 2}
+
+
+class Layer:
+    """A stand-in for a placed layer, as `auto_stages` sees one: path, own bytes, sublayers in call order."""
+
+    def __init__(self, path: str, own_bytes: int, children: list[Layer] | None = None):
+        self.path = path
+        self.own_bytes = own_bytes
+        self.children = children or []
+        self.total_bytes = own_bytes + sum(c.total_bytes for c in self.children)
+
+
+def stages_of(top: list[Layer], num_stages: int) -> dict[str, int]:
+    items, stages = model_parallel_plan.auto_stages(top, num_stages)
+    return {item.node.path + ("(own)" if item.own else ""): s for item, s in zip(items, stages)}
+
+
+def test_auto_descends_into_a_backbone_that_holds_almost_every_byte():
+    """A keras-hub task model: one backbone layer with all the blocks, a tiny head after it."""
+    blocks = [Layer(f"backbone/block_{i}", 100) for i in range(4)]
+    backbone = Layer("backbone", 0, [Layer("backbone/embed", 100), *blocks])
+    stages = stages_of([backbone, Layer("head", 1)], 2)
+    # Expanded: the backbone's own item (no bytes) stays in front of its blocks.
+    assert stages == {
+        "backbone(own)": 0,
+        "backbone/embed": 0,
+        "backbone/block_0": 0,
+        "backbone/block_1": 0,
+        "backbone/block_2": 1,
+        "backbone/block_3": 1,
+        "head": 1,
+    }
+
+
+def test_auto_splits_a_block_only_when_blocks_cannot_balance():
+    """2 blocks and an embedding: block boundaries give 62% / 38%, so one block is split."""
+
+    def block(i: int) -> Layer:
+        parts = ["attention", "mlp_in", "mlp_out"]
+        return Layer(f"m/block_{i}", 0, [Layer(f"m/block_{i}/{p}", 100) for p in parts])
+
+    model = Layer("m", 0, [Layer("m/embed", 200), block(0), block(1)])
+    items, stages = model_parallel_plan.auto_stages([model], 2)
+    assert model_parallel_plan.stage_bytes(items, stages, 2) == [400, 400]
+    assert stages == sorted(stages)  # contiguous in call order
+    assert stages_of([model], 2)["m/block_0/mlp_in"] == 0
+    assert stages_of([model], 2)["m/block_0/mlp_out"] == 1
+    assert "m/block_1/mlp_in" not in stages_of([model], 2)  # the other block stays whole
+    # Balanced at block boundaries: not split further.
+    even = Layer("m", 0, [block(0), block(1)])
+    assert set(stages_of([even], 2)) == {"m(own)", "m/block_0", "m/block_1"}
+
+
+def test_auto_stops_at_leaf_layers_and_says_how_close_it_got():
+    items, stages = model_parallel_plan.auto_stages([Layer("big", 900), Layer("small", 100)], 2)
+    totals = model_parallel_plan.stage_bytes(items, stages, 2)
+    assert totals == [900, 100] and not model_parallel_plan.is_balanced(totals)

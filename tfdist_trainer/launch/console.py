@@ -72,6 +72,10 @@ TF_INFO_SOURCES = (
     "builder_impl.py",
     "fingerprinting_utils.py",
 )
+#: INFO records of the package's own that are for the task's log file, not the console: the
+#: model-parallel per-layer table (hundreds of lines for a real model; the console has one line per
+#: device and placement.json the whole table).
+LOG_ONLY_SOURCES = ("layer_table.py",)
 #: cuInit's answer on a machine with no NVIDIA device; with one, the same line is a real problem.
 NO_GPU_CUINIT = ("cuda_platform.cc", re.compile(r"^failed call to cuInit: .*\((303|100)\)$"))
 #: Once the job's training finished: a peer whose coordination-service leader has already exited
@@ -160,7 +164,11 @@ class ConsoleFilter:
             return _CHATTER
         if level in "EW" and self._is_shutdown_chatter(message):
             return _CHATTER
-        if level == "I" and source in TF_INFO_SOURCES and not FAILURE.search(message):
+        if (
+            level == "I"
+            and source in TF_INFO_SOURCES + LOG_ONLY_SOURCES
+            and not FAILURE.search(message)
+        ):
             return _QUIET
         if level == "I" and self._info_from is not None and source not in self._info_from:
             return _SHOWN if FAILURE.search(message) else _QUIET

@@ -1,31 +1,32 @@
-"""Model-parallel placement plans and pipelining: the machinery behind the `model_parallel` strategy.
+"""Model-parallel placement: which device each layer of a model, at any depth, builds and runs on.
 
 A *plan* maps layers to device indices:
 
 - a dict ``{'embed': 0, 'block_[0-1]': 0, 'block_[2-3]': 1, 'head': 1}`` or a list of
   ``(regex, index)`` pairs. A regex is matched (``re.fullmatch``) against a layer's
-  path: its name for a layer of the model, ``parent/child`` for a nested one. The
-  first pattern that matches wins; a layer no pattern matches runs on the device of
-  its parent, or of the layer before it.
-- ``'auto'``: the model's layers (``model.layers``, in that order) are cut into at
-  most ``num_devices`` contiguous stages of about equal parameter bytes.
+  path: its name for a layer of the model, ``parent/child`` for a nested one
+  (``gpt2_backbone/transformer_layer_1``). The first pattern that matches wins; a
+  nested layer no pattern matches runs where its parent runs, a top-level one with
+  the layer before it.
+- ``'auto'``: contiguous stages in call order, balanced by parameter bytes. A layer
+  holding more than a device's share (a keras-hub backbone, a list of blocks) is
+  split into its sublayers, recursively, until the stages balance within 10% or
+  only leaf layers are left (`plan.model_parallel_plan.auto_stages`).
 
-`Placement.apply` wraps each placed layer's ``build`` and ``call`` so that both its
+The model is seen as a tree (`LayerTree`): Keras' tracked sublayers, each layer
+once, at the path where it was first found. A layer reached twice (keras-hub's
+token embedding, reused as the language-model head: tied weights) is placed once,
+with its owner; its second use runs on the owner's device too, and the table says
+so. Call order, not attribute order, orders the stages: every layer's ``call`` is
+wrapped, and the model's first eager call records in which order they run.
+
+`Placement.apply` wraps each layer's ``build`` and ``call`` so that both its
 variables and its forward ops live on the layer's device (DESIGN.md: variables land
-on the device current when a layer is *built*). Variables that were created
-elsewhere anyway -- a model built before it reached the strategy (``keras.Input``
-in a Sequential), an ``'auto'`` plan (sizes are only known once the model is
-built), or a lazy build Keras deferred -- are moved to their device once the model
-has been built, before the optimizer creates its slots next to them.
-
-The training step (`make_train_step`) differentiates with ``tf.gradients``, which
-colocates each gradient op with its forward op: on TF 2.21 a ``GradientTape``
-leaves every backward op on the default device whatever the forward placement.
-With ``num_micro_batches = M > 1`` the replica batch is split into M micro-batches
-whose forward passes (and then backward passes) are independent branches of one
-graph (GPipe's schedule: every forward, then every backward; gradients summed
-over micro-batches, applied once). TF's executor runs ready ops of different
-devices concurrently, so stage k of micro-batch m overlaps stage k+1 of m-1.
+on the device current when a layer is *built*). Variables created elsewhere anyway
+-- a model built before it reached the strategy (every functional model), an
+``'auto'`` plan (sizes are known only once the model is built), or a lazy build
+Keras deferred -- are moved to their device at `finalize`, before the optimizer
+creates its slots next to them. The training step is `model_parallel.step`.
 
 Plans are parsed and checked before TF starts, by `tfdist_trainer.plan.model_parallel_plan`.
 """
@@ -34,20 +35,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+from absl import logging
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.plan.model_parallel_plan import (
-    AUTO,
-    Rule,
-    balance_contiguous,
-    short_device,
-)
-from tfdist_trainer.tables import format_table
+from tfdist_trainer.model_parallel import layer_table
+from tfdist_trainer.plan.model_parallel_plan import AUTO, Rule, auto_stages, short_device
 from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
+
+#: A device holding less than this fraction of its fair share of bytes is worth a warning.
+UNDERUSED_SHARE = 0.5
 
 
 def same_device(actual: str, wanted: str) -> bool:
@@ -75,7 +77,7 @@ class _Devices:
 
 
 @contextlib.contextmanager
-def on_device(device: str | None):
+def on_device(device: str | None) -> Iterator[None]:
     """Ops and variables created inside land on `device`.
 
     Under a Mirrored/MultiWorkerMirrored strategy (model_parallel.data_parallel), the
@@ -157,19 +159,104 @@ def _is_building_call() -> bool:
     return not tf_compat.in_stateless_scope() and not tf_compat.in_symbolic_scope()
 
 
-class Unit:
-    """One placed layer: its path, its device index, and whether a rule named it or it inherited."""
+# -- the layer tree -------------------------------------------------------------------
 
-    def __init__(self, path: str, layer: Any, index: int | None, rule: Rule | None):
-        self.path = path
+
+class Node:
+    """One layer of the model's tree: where it sits, what it holds, where it runs.
+
+    Attributes:
+      path: 'parent/child' from the model down (the first path Keras' tracking reaches it by).
+      aliases: every path that reaches the same layer (a tied layer has several); plans match any.
+      children: its sublayers, in call order once the model has been called.
+      index: the device index it opens a scope for (None: it runs where its caller runs).
+      unit: whether it is a row of the placement table (a piece of a stage).
+      rule: the plan rule that named it (explicit plans).
+      first_call, last_call: the order of its first and last call in the recorded forward pass.
+      reused_by: paths of layers other than its parent that call it (tied weights).
+    """
+
+    def __init__(self, layer: Any, path: str, parent: Node | None):
         self.layer = layer
-        self.index = index
-        self.rule = rule
+        self.path = path
+        self.aliases = [path]
+        self.parent = parent
+        self.children: list[Node] = []
         self.own_variables: list = []
+        self.index: int | None = None
+        self.unit = False
+        self.rule: Rule | None = None
+        self.first_call: int | None = None
+        self.last_call: int | None = None
+        self.reused_by: list[str] = []
 
     @property
     def depth(self) -> int:
         return self.path.count("/")
+
+    @property
+    def own_bytes(self) -> int:
+        return sum(stored_bytes(v) for v in self.own_variables)
+
+    @functools.cached_property
+    def total_bytes(self) -> int:
+        """Its own bytes and its sublayers' (cached: read only after the variables are final)."""
+        return self.own_bytes + sum(child.total_bytes for child in self.children)
+
+    def walk(self) -> Iterator[Node]:
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+class LayerTree:
+    """A model's layers as a tree, each layer once (see the module docstring)."""
+
+    def __init__(self, model: Any):
+        self.root = Node(model, "", None)
+        self._by_id: dict[int, Node] = {id(model): self.root}
+        self.grow()
+
+    def grow(self) -> list[Node]:
+        """Adds the layers not seen yet (a lazy build creates some); returns the new nodes."""
+        new: list[Node] = []
+
+        def visit(parent: Node) -> None:
+            for layer in _children(parent.layer):
+                path = f"{parent.path}/{layer.name}" if parent.path else layer.name
+                known = self._by_id.get(id(layer))
+                if known is not None:
+                    if path not in known.aliases:
+                        known.aliases.append(path)
+                    continue
+                node = Node(layer, path, parent)
+                parent.children.append(node)
+                self._by_id[id(layer)] = node
+                new.append(node)
+                visit(node)
+
+        for node in list(self.root.walk()):
+            visit(node)
+        return new
+
+    def nodes(self) -> list[Node]:
+        """Every layer below the model, depth-first."""
+        return list(self.root.walk())[1:]
+
+    def assign_variables(self) -> None:
+        """Each variable belongs to the deepest layer that holds it (a tied one to one owner)."""
+        seen: set[int] = set()
+        for node in sorted(self.root.walk(), key=lambda n: -n.depth if n.path else 1):
+            node.own_variables = [v for v in node.layer.variables if id(v) not in seen]
+            seen.update(id(v) for v in node.own_variables)
+
+    def order_by_calls(self) -> None:
+        """Children in the order of their first call (never-called layers last, in tracking order)."""
+        for node in self.root.walk():
+            node.children.sort(key=lambda n: math.inf if n.first_call is None else n.first_call)
+
+
+# -- the placement --------------------------------------------------------------------
 
 
 class Placement:
@@ -182,109 +269,138 @@ class Placement:
         devices: Sequence[str],
         *,
         host_device: str | None = None,
+        require_balance: bool = False,
         log: Callable[[str], None] | None = None,
     ):
         self.model = model
         self.plan = plan
         self.devices = list(devices)
         self.host_device = host_device
-        self.units: list[Unit] = []
+        self.require_balance = require_balance
+        self.tree: LayerTree | None = None
         self.finalized = False
         self.moved: list[str] = []
+        self.warnings: list[str] = []
         self._log = log or (lambda line: None)
+        self._calls = itertools.count()
+        self._stack: list[Node] = []
+
+    @property
+    def units(self) -> list[Node]:
+        """The table's rows: the pieces of the stages, in call order."""
+        if self.tree is None:
+            return []
+        units = [n for n in self.tree.nodes() if n.unit]
+        return sorted(units, key=lambda n: math.inf if n.first_call is None else n.first_call)
 
     # -- choosing ------------------------------------------------------------
-    def _assign(self) -> None:
-        top = _children(self.model)
-        if not top:
+    def _check_has_layers(self) -> None:
+        if not self.tree.root.children:
             raise ConfigError(
                 f"model_parallel needs a model made of layers, but {self.model.name!r} has no "
                 f"sublayers; build it from layers (Sequential, functional, or sublayers of a Model)."
             )
-        if self.plan == AUTO:
-            self.units = [Unit(layer.name, layer, None, None) for layer in top]
-            return
+
+    def _assign_rules(self) -> None:
+        """An explicit plan: the first rule matching any of a layer's paths gives its device."""
         used: set[int] = set()
-
-        def match(path: str) -> Rule | None:
+        for node in self.tree.nodes():
             for n, rule in enumerate(self.plan):
-                if rule.matches(path):
+                if any(rule.matches(path) for path in node.aliases):
                     used.add(n)
-                    return rule
-            return None
-
-        units: list[Unit] = []
+                    node.rule, node.index, node.unit = rule, rule.index, True
+                    break
         previous = 0
-
-        def walk(layer: Any, path: str, inherited: int | None, top_level: bool) -> None:
-            nonlocal previous
-            rule = match(path)
-            if rule is not None:
-                units.append(Unit(path, layer, rule.index, rule))
-                index = rule.index
-            elif top_level:
-                # Not named: runs with the layer before it (contiguous stages), or on device 0.
-                units.append(Unit(path, layer, previous, None))
-                index = previous
-            else:
-                index = inherited
-            if top_level:
-                previous = index
-            for child in _children(layer):
-                walk(child, f"{path}/{child.name}", index, False)
-
-        for layer in top:
-            walk(layer, layer.name, None, True)
+        for node in self.tree.root.children:  # an unnamed top-level layer follows the one before
+            if node.index is None:
+                node.index, node.unit = previous, True
+            previous = node.index
         unused = [rule.pattern for n, rule in enumerate(self.plan) if n not in used]
         if unused:
-            names = ", ".join(repr(layer.name) for layer in top)
+            paths = [n.path for n in self.tree.nodes() if n.depth <= 1]
             raise ConfigError(
                 f"model_parallel.plan pattern {unused[0]!r} matches no layer of model "
-                f"{self.model.name!r} (its layers: {names}; nested layers as 'parent/child'); "
-                f"fix the pattern or remove it."
+                f"{self.model.name!r} at any depth (its layers, two levels deep: "
+                f"{', '.join(repr(p) for p in paths)}); fix the pattern or remove it."
             )
-        self.units = units
 
-    def device_for(self, unit: Unit) -> str | None:
-        # 'auto' before the sizes are known: build on the host, move afterwards
-        if unit.index is None:
-            return self.host_device
-        return self.devices[unit.index]
+    def _assign_auto(self) -> None:
+        pieces = [n for n in self.tree.nodes() if n.own_bytes > 0]
+        if len(pieces) < len(self.devices):
+            raise ConfigError(
+                f"model_parallel.num_devices={len(self.devices)} but model {self.model.name!r} has "
+                f"only {len(pieces)} layer(s) holding variables, at any depth, to spread over them; "
+                f"set model_parallel.num_devices <= {len(pieces)}."
+            )
+        items, stages = auto_stages(self.tree.root.children, len(self.devices))
+        for item, stage in zip(items, stages):
+            item.node.index = stage
+            item.node.unit = not item.own or item.node.own_bytes > 0
+
+    def scope_device(self, node: Node) -> str | None:
+        """The device scope `node`'s build and call open (None: they run where the caller runs)."""
+        if node.index is not None:
+            return self.devices[node.index]
+        if not self.finalized and self.plan == AUTO and node.depth == 0:
+            return self.host_device  # 'auto' before the sizes are known: build on the host
+        return None
+
+    def device_index(self, node: Node) -> int:
+        """The device a layer's variables live on: its own index, else its nearest placed parent's."""
+        while node is not None:
+            if node.index is not None:
+                return node.index
+            node = node.parent
+        return 0
 
     # -- wrapping ------------------------------------------------------------
     def apply(self) -> Any:
-        """Wraps the placed layers; places at once when the model is already built. Returns the model."""
-        self._assign()
-        for unit in self.units:
-            self._wrap(unit)
-        if getattr(self.model, "built", False) and all(
-            getattr(u.layer, "built", False) for u in self.units
-        ):
-            self.finalize()
-        else:
-            self._finalize_after_first_call()
+        """Wraps every layer's build and call; the model's first eager call finalizes. Returns the model."""
+        self.tree = LayerTree(self.model)
+        self._check_has_layers()
+        if self.plan != AUTO:
+            self._assign_rules()
+        for node in self.tree.nodes():
+            self._wrap(node)
+        self._finalize_after_first_call()
         return self.model
 
-    def _wrap(self, unit: Unit) -> None:
-        layer = unit.layer
+    def _record_call(self, node: Node) -> None:
+        rank = next(self._calls)
+        if node.first_call is None:
+            node.first_call = rank
+        node.last_call = rank
+        caller = self._stack[-1] if self._stack else self.tree.root
+        if caller is not node.parent and caller is not node:
+            who = caller.path or self.model.name
+            if who not in node.reused_by:
+                node.reused_by.append(who)
+
+    def _wrap(self, node: Node) -> None:
+        layer = node.layer
         placement = self
         original_build, original_call = layer.build, layer.call
 
         def tag_deferred():
             for v in layer.variables:
-                _defer_to_device(v, lambda: placement.device_for(unit))
+                _defer_to_device(v, lambda: placement.scope_device(node))
 
         @functools.wraps(original_build)
         def build(*args, **kwargs):
-            with on_device(placement.device_for(unit)):
+            with on_device(placement.scope_device(node)):
                 result = original_build(*args, **kwargs)
             tag_deferred()
             return result
 
         @functools.wraps(original_call)
         def call(*args, **kwargs):
-            with on_device(placement.device_for(unit)):
-                result = original_call(*args, **kwargs)
+            placement._record_call(node)
+            placement._stack.append(node)
+            try:
+                with on_device(placement.scope_device(node)):
+                    result = original_call(*args, **kwargs)
+            finally:
+                placement._stack.pop()
             if not placement.finalized:
                 tag_deferred()
             return result
@@ -305,25 +421,22 @@ class Placement:
 
         model.call = call
 
-    # -- after the build -----------------------------------------------------
-    def _own_variables(self) -> None:
-        seen: set[int] = set()
-        for unit in sorted(self.units, key=lambda u: -u.depth):
-            unit.own_variables = [v for v in unit.layer.variables if id(v) not in seen]
-            seen.update(id(v) for v in unit.own_variables)
-
+    # -- after the first call ------------------------------------------------
     def finalize(self) -> None:
-        """Runs once the model is built: chooses 'auto' stages, moves stray variables, logs the table."""
+        """Runs once the model is built and called: 'auto' stages, moves, balance check, tables."""
         if self.finalized:
             return
-        self._own_variables()
+        for (
+            node
+        ) in self.tree.grow():  # layers a lazy build created: they run where their parent runs
+            self._wrap(node)
+        self.tree.order_by_calls()
+        self.tree.assign_variables()
         if self.plan == AUTO:
-            sizes = [sum(stored_bytes(v) for v in u.own_variables) for u in self.units]
-            for unit, stage in zip(self.units, balance_contiguous(sizes, len(self.devices))):
-                unit.index = stage
-        for unit in self.units:
-            device = self.devices[unit.index]
-            for v in unit.own_variables:
+            self._assign_auto()
+        for node in self.tree.root.walk():
+            device = self.devices[self.device_index(node)]
+            for v in node.own_variables:
                 if tf_compat.variable_storage(v) is None:
                     continue
                 if not same_device(device_of(v), device):
@@ -340,36 +453,95 @@ class Placement:
                 f"model_parallel moved {len(self.moved)} variable(s) to their planned device after the "
                 f"model was built ({why})"
             )
-        for line in self.table_lines():
+        for line in self.stage_lines():
             self._log(line)
+        layer_table.log(self.table_lines())
+        self._check_balance()
+
+    def _check_balance(self) -> None:
+        """A device with less than half its fair share: one warning naming what to split (or an error)."""
+        totals = [d["bytes"] for d in self.per_device()]
+        fair = sum(totals) / len(totals)
+        short = [i for i, t in enumerate(totals) if t < UNDERUSED_SHARE * fair]
+        if not short or fair == 0:
+            return
+        units = self.units
+        largest = max(units, key=lambda n: self._unit_bytes(n))
+        if largest.children:
+            child = next((c for c in largest.children if c.total_bytes > 0), largest.children[0])
+            how = (
+                f"split it with a nested pattern, e.g. model_parallel.plan = "
+                f"{{'{child.path}': {short[0]}, ...}}"
+            )
+        else:
+            how = (
+                "a single layer's variables stay on one device: use fewer devices, or a layer "
+                "that shards itself (tfdist_trainer.sharding)"
+            )
+        i = short[0]
+        message = (
+            f"model_parallel: device {short_device(self.devices[i])} holds "
+            f"{100.0 * totals[i] / sum(totals):.0f}% of the parameter bytes (fair share "
+            f"{100.0 / len(totals):.0f}%); the largest layer placed whole is {largest.path!r} "
+            f"({format_bytes(self._unit_bytes(largest))}): {how}"
+        )
+        if self.require_balance:
+            raise ConfigError(
+                f"{message}; or set model_parallel.require_balance = False to train unbalanced."
+            )
+        self.warnings.append(message)
+        logging.warning("%s", message)
 
     def misplaced(self) -> list[tuple[str, str, str]]:
         """(variable path, actual device, planned device) of every variable not where the plan puts it."""
         wrong = []
-        for unit in self.units:
-            device = self.devices[unit.index] if unit.index is not None else None
-            for v in unit.own_variables:
+        for node in self.tree.root.walk():
+            device = self.devices[self.device_index(node)]
+            for v in node.own_variables:
                 actual = device_of(v)
-                if device is not None and not same_device(actual, device):
+                if not same_device(actual, device):
                     wrong.append((v.path, actual, device))
         return wrong
 
+    def loss_device(self) -> str | None:
+        """Where the model's output is made: the device of the placed layer that ran last."""
+        called = [n for n in self.units if n.last_call is not None]
+        if not called:
+            return None
+        last = max(called, key=lambda n: n.last_call)
+        return self.devices[self.device_index(last)]
+
     # -- reporting -----------------------------------------------------------
+    def _unit_variables(self, unit: Node) -> list:
+        """A row's variables: its own and those of every sublayer that runs inside its scope."""
+        found = []
+        for node in unit.walk():
+            if node is unit or self._placed_by(node) is unit:
+                found.extend(node.own_variables)
+        return found
+
+    def _placed_by(self, node: Node) -> Node | None:
+        while node is not None and not node.unit:
+            node = node.parent
+        return node
+
+    def _unit_bytes(self, unit: Node) -> int:
+        return sum(stored_bytes(v) for v in self._unit_variables(unit))
+
     def rows(self) -> list[dict[str, Any]]:
         rows = []
         for unit in self.units:
-            params = sum(int(math.prod(int(d) for d in v.shape)) for v in unit.own_variables)
+            variables = self._unit_variables(unit)
             rows.append(
                 {
                     "layer": unit.path,
                     "device_index": unit.index,
                     "device": self.devices[unit.index] if unit.index is not None else None,
                     "rule": unit.rule.pattern if unit.rule else None,
-                    "params": params,
-                    "bytes": sum(stored_bytes(v) for v in unit.own_variables),
-                    "variables": [
-                        {"name": v.path, "device": device_of(v)} for v in unit.own_variables
-                    ],
+                    "params": sum(int(math.prod(int(d) for d in v.shape)) for v in variables),
+                    "bytes": sum(stored_bytes(v) for v in variables),
+                    "reused_by": list(unit.reused_by),
+                    "variables": [{"name": v.path, "device": device_of(v)} for v in variables],
                 }
             )
         return rows
@@ -388,12 +560,44 @@ class Placement:
             total["layers"].append(row["layer"])
         return totals
 
+    def _plan_text(self) -> str:
+        if self.plan == AUTO:
+            return (
+                "'auto' (contiguous stages in call order, nested layers split, balanced by bytes)"
+            )
+        return repr(self.plan)
+
+    def stage_lines(self) -> list[str]:
+        """The console's view: one line per device (first and last layer, params, bytes, share)."""
+        per_device = self.per_device()
+        total = sum(d["bytes"] for d in per_device) or 1
+        lines = [
+            f"model_parallel placement over {len(self.devices)} device(s), plan {self._plan_text()}:"
+        ]
+        for d in per_device:
+            layers = d["layers"]
+            span = (
+                "no layers"
+                if not layers
+                else layers[0]
+                if len(layers) == 1
+                else f"{layers[0]} .. {layers[-1]} ({len(layers)} pieces)"
+            )
+            lines.append(
+                f"  {short_device(d['device'])}: {span}; {d['params']:,} params, "
+                f"{format_bytes(d['bytes'])} ({100.0 * d['bytes'] / total:.0f}%)"
+            )
+        for unit in self.units:
+            if unit.reused_by:
+                lines.append(
+                    f"  {unit.path} is also called by {', '.join(unit.reused_by)} (tied weights): "
+                    f"that call runs on its owner's device {short_device(self.devices[unit.index])}"
+                )
+        return lines
+
     def table_lines(self) -> list[str]:
+        """The task log's view: one row per placed piece."""
         rows = self.rows()
-        plan = (
-            "'auto' (contiguous stages balanced by bytes)" if self.plan == AUTO else repr(self.plan)
-        )
-        lines = [f"model_parallel placement over {len(self.devices)} device(s), plan {plan}:"]
         table = [
             (
                 r["layer"],
@@ -402,22 +606,16 @@ class Placement:
                 short_device(r["device"])
                 + (
                     ""
-                    if r["rule"] or self.plan == AUTO
+                    if r["rule"] or self.plan == AUTO or "/" in r["layer"]
                     else "  (no pattern: follows the layer before)"
                 ),
             )
             for r in rows
         ]
-        lines += format_table(
-            ("layer", "params", "bytes", "device"), table, left=(0, 3), indent="  "
-        ).splitlines()
-        total = sum(d["bytes"] for d in self.per_device()) or 1
-        for d in self.per_device():
-            lines.append(
-                f"  device {short_device(d['device'])}: {len(d['layers'])} layer(s), {d['params']:,} params, "
-                f"{format_bytes(d['bytes'])} ({100.0 * d['bytes'] / total:.0f}%)"
-            )
-        return lines
+        return [
+            f"model_parallel placement, layer by layer (plan {self._plan_text()}):",
+            *layer_table.format_rows(("layer", "params", "bytes", "device"), table),
+        ]
 
     def report(
         self, *, optimizer: Any = None, extra: dict[str, Any] | None = None
@@ -430,6 +628,7 @@ class Placement:
             "per_device": self.per_device(),
             "moved_after_build": self.moved,
             "misplaced": [list(m) for m in self.misplaced()],
+            "warnings": self.warnings,
         }
         if optimizer is not None:
             payload["optimizer_variables"] = [
@@ -438,136 +637,3 @@ class Placement:
             ]
         payload.update(extra or {})
         return payload
-
-
-# -- the training step -------------------------------------------------------------
-
-
-def split_batch(structure: Any, num: int) -> list[Any]:
-    """Splits every tensor of a (nested) batch into `num` micro-batches along axis 0 (sizes differ by <= 1)."""
-    import tensorflow as tf
-
-    leaves = tf.nest.flatten(structure)
-    parts = []
-    for leaf in leaves:
-        leaf = tf.convert_to_tensor(leaf)
-        n = leaf.shape[0] if leaf.shape.rank else None
-        if n is not None:
-            sizes = [n // num + (1 if m < n % num else 0) for m in range(num)]
-            parts.append(tf.split(leaf, sizes, axis=0))
-        else:
-            n = tf.shape(leaf, out_type=tf.int32)[0]
-            sizes = n // num + tf.cast(tf.range(num) < n % num, tf.int32)
-            parts.append(tf.split(leaf, sizes, num=num, axis=0))
-    return [tf.nest.pack_sequence_as(structure, [p[m] for p in parts]) for m in range(num)]
-
-
-def compute_gradients(
-    trainer: Any, batch: Any, *, num_micro_batches: int = 1, loss_device: str | None = None
-) -> tuple[Any, list, list]:
-    """(loss, gradients of trainer.model.trainable_variables, [(labels, predictions, sample_weight) per micro-batch]).
-
-    The loss is ``trainer.average_loss`` of the per-example losses of the whole
-    replica batch (concatenated over micro-batches), so it and its gradients are
-    the unpipelined ones whatever `num_micro_batches` is. A compiled model's
-    loss (`Trainer.step_loss`, a mean per micro-batch) is weighted by each
-    micro-batch's share of the examples, to the same end. Inside a graph the
-    gradients come from ``tf.gradients`` (colocated with their forward ops); in
-    eager mode from a GradientTape.
-    """
-    import keras
-    import tensorflow as tf
-
-    from tfdist_trainer.trainers import compiled
-
-    features, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-    variables = trainer.model.trainable_variables
-    compiled_loss = compiled.uses_compiled_loss(trainer)
-
-    def forward():
-        if num_micro_batches == 1:
-            parts = [(features, labels, sample_weight)]
-        else:
-            weights = (
-                [None] * num_micro_batches
-                if sample_weight is None
-                else split_batch(sample_weight, num_micro_batches)
-            )
-            parts = list(
-                zip(
-                    split_batch(features, num_micro_batches),
-                    split_batch(labels, num_micro_batches),
-                    weights,
-                )
-            )
-        outputs, per_example, shares = [], [], []
-        for part_features, part_labels, part_weight in parts:
-            predictions = trainer.model(part_features, training=True)
-            with on_device(loss_device):
-                if compiled_loss:
-                    share = trainer.step_loss(part_features, part_labels, predictions, part_weight)
-                    examples = tf.shape(tf.nest.flatten(part_features)[0])[0]
-                    shares.append((share, tf.cast(examples, tf.float32)))
-                else:
-                    losses = tf.convert_to_tensor(trainer.compute_loss(part_labels, predictions))
-                    if losses.shape.rank not in (None, 1):
-                        trainer.average_loss(losses)  # raises its one-line error about the shape
-                    if part_weight is not None:
-                        losses *= tf.cast(part_weight, losses.dtype)
-                    per_example.append(losses)
-            outputs.append((part_labels, predictions, part_weight))
-        with on_device(loss_device):
-            if compiled_loss:
-                total = tf.add_n([n for _, n in shares])
-                loss = tf.add_n([share * n / total for share, n in shares])
-            else:
-                all_losses = (
-                    per_example[0] if len(per_example) == 1 else tf.concat(per_example, axis=0)
-                )
-                loss = trainer.average_loss(all_losses)
-            scaled = trainer.optimizer.scale_loss(loss) if trainer.optimizer is not None else loss
-        return loss, scaled, outputs
-
-    if tf.executing_eagerly():
-        with tf.GradientTape() as tape:
-            loss, scaled, outputs = forward()
-        gradients = tape.gradient(scaled, variables)
-    else:
-        loss, scaled, outputs = forward()
-        gradients = tf.gradients(scaled, variables)
-    return loss, list(gradients), outputs
-
-
-def make_train_step(
-    trainer: Any,
-    *,
-    num_micro_batches: int,
-    loss_device: str | None,
-    log: Callable[[str], None] | None = None,
-) -> Callable:
-    """The per-replica step: forward over the placed layers (per micro-batch), backward, one update."""
-    if trainer.overrides("train_step"):
-        name = type(trainer).__name__
-        if num_micro_batches > 1:
-            raise ConfigError(
-                f"model_parallel.num_micro_batches={num_micro_batches} replaces Trainer.train_step, "
-                f"but {name} overrides train_step; set model_parallel.num_micro_batches = 1 or "
-                f"drop the override."
-            )
-        if log:
-            log(
-                f"{name} overrides train_step: model_parallel runs it as it is; a GradientTape places "
-                f"backward ops on the default device (use tf.gradients to colocate them with the forward ops)"
-            )
-        return trainer.train_step
-
-    def train_step(batch):
-        loss, gradients, outputs = compute_gradients(
-            trainer, batch, num_micro_batches=num_micro_batches, loss_device=loss_device
-        )
-        trainer.optimizer.apply_gradients(zip(gradients, trainer.model.trainable_variables))
-        for labels, predictions, sample_weight in outputs:
-            trainer.update_metrics(trainer.train_metrics, labels, predictions, sample_weight)
-        return loss
-
-    return train_step

@@ -134,3 +134,90 @@ def short_device(name: str) -> str:
     if job and job.group(1) != "localhost" and task:
         return f"{job.group(1)}:{task.group(1)}/{dev}"
     return dev
+
+
+# -- 'auto' on a tree of layers ----------------------------------------------------------
+
+#: 'auto' stops splitting once every device holds its fair share of bytes within this fraction.
+BALANCE_TOLERANCE = 0.10
+
+
+class PlanItem:
+    """One contiguous piece 'auto' may give to a stage: a layer's whole subtree, or only its own variables.
+
+    ``node`` is any object with ``path``, ``own_bytes`` (its variables no sublayer
+    holds), ``total_bytes`` (with its sublayers') and ``children`` (its sublayers in
+    call order). An expanded layer leaves an ``own`` item in front of its
+    children: its own variables and the ops it runs between its sublayers' calls.
+    """
+
+    def __init__(self, node: Any, *, own: bool = False):
+        self.node = node
+        self.own = own
+
+    @property
+    def bytes(self) -> int:
+        return self.node.own_bytes if self.own else self.node.total_bytes
+
+    @property
+    def splittable(self) -> bool:
+        """Whether expanding it gives finer pieces: some sublayer holds bytes."""
+        return not self.own and any(child.total_bytes > 0 for child in self.node.children)
+
+    def __repr__(self) -> str:
+        return f"{self.node.path}{' (own)' if self.own else ''}: {self.bytes}"
+
+
+def _expand(items: list[PlanItem], item: PlanItem) -> list[PlanItem]:
+    at = items.index(item)
+    return (
+        items[:at]
+        + [PlanItem(item.node, own=True)]
+        + [PlanItem(c) for c in item.node.children]
+        + items[at + 1 :]
+    )
+
+
+def stage_bytes(items: Sequence[PlanItem], stages: Sequence[int], num_stages: int) -> list[int]:
+    totals = [0] * num_stages
+    for item, stage in zip(items, stages):
+        totals[stage] += item.bytes
+    return totals
+
+
+def is_balanced(totals: Sequence[int], tolerance: float = BALANCE_TOLERANCE) -> bool:
+    """Every stage holds its fair share of bytes within `tolerance` (a fraction of the fair share)."""
+    fair = sum(totals) / max(1, len(totals))
+    return all(abs(t - fair) <= tolerance * fair for t in totals)
+
+
+def auto_stages(
+    top: Sequence[Any], num_stages: int, tolerance: float = BALANCE_TOLERANCE
+) -> tuple[list[PlanItem], list[int]]:
+    """'auto': contiguous stages in call order, descending into nested layers until they balance.
+
+    Starts from the model's own layers (`top`, in call order). Every piece that
+    holds more than a stage's fair share of bytes is expanded into its sublayers
+    (a backbone into its blocks), then, while some stage is off its fair share by
+    more than `tolerance`, the largest piece that can still be split is expanded
+    and the cut recomputed (`balance_contiguous`, exact for a given list). Stops
+    balanced, or when only leaf layers are left (the caller reports how close it
+    got). Returns (items in call order, stage of each item).
+    """
+    items = [PlanItem(node) for node in top]
+    total = sum(item.bytes for item in items)
+    fair = total / max(1, num_stages)
+    while True:
+        too_big = [it for it in items if it.splittable and it.bytes > fair]
+        if not too_big:
+            break
+        for item in too_big:
+            items = _expand(items, item)
+    while True:
+        stages = balance_contiguous([it.bytes for it in items], num_stages)
+        if is_balanced(stage_bytes(items, stages, num_stages), tolerance):
+            return items, stages
+        splittable = [it for it in items if it.splittable]
+        if not splittable:
+            return items, stages
+        items = _expand(items, max(splittable, key=lambda it: it.bytes))

@@ -357,9 +357,11 @@ class ModelParallel(StrategyConfig):
     pipelined step works.
 
     Args:
-      plan: 'auto' (contiguous stages of about equal parameter bytes, in model.layers order), or
+      plan: 'auto' (contiguous stages in call order balanced by parameter bytes, splitting nested
+        layers such as a backbone's blocks until the stages balance within 10%), or
         {layer regex: device index} / [(layer regex, device index), ...] matched against layer
-        names ('parent/child' for nested layers); a layer no pattern names runs with the one before.
+        paths at any depth ('gpt2_backbone/transformer_layer_1'); a nested layer no pattern names
+        runs with its parent, a top-level one with the layer before.
       num_devices: devices the plan uses: the first GPUs when there are GPUs, else this many
         logical CPUs (created before TF starts).
       num_micro_batches: 1 runs the batch whole; M > 1 splits each replica batch into M
@@ -367,6 +369,8 @@ class ModelParallel(StrategyConfig):
         once; stages on different devices overlap across micro-batches).
       data_parallel: None, or 'multi_worker_mirrored': each worker process is one model-parallel
         replica, gradients all-reduced across workers (configure it with multi_worker_mirrored.*).
+      require_balance: a plan leaving a device with less than half its fair share of the bytes
+        fails the start (exit 2) instead of warning.
       gpu_memory_growth: allocate GPU memory as needed instead of all at start.
       placement_file: JSON of the placement (layers, their variables' devices, bytes per device),
         written by the chief; a relative path is under the task's model_dir (`Trainer.context`);
@@ -386,6 +390,7 @@ class ModelParallel(StrategyConfig):
         data_parallel: str | None = None,
         gpu_memory_growth: bool = False,
         placement_file: str | None = "placement.json",
+        require_balance: bool = False,
     ):
         if not checks.is_positive_int(num_devices):
             raise ConfigError(
@@ -408,6 +413,7 @@ class ModelParallel(StrategyConfig):
         self.data_parallel = data_parallel
         self.gpu_memory_growth = bool(gpu_memory_growth)
         self.placement_file = placement_file
+        self.require_balance = bool(require_balance)
         #: Synchronous data parallelism over workers comes from multi_worker_mirrored (its gin
         #: knobs apply); None: one process.
         self.workers: MultiWorkerMirrored | None = MultiWorkerMirrored() if data_parallel else None

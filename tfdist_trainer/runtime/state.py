@@ -29,7 +29,7 @@ def build_model(trainer: Trainer, runtime: StrategyRuntime | None = None) -> ker
     model = trainer.build_model()
     if runtime is not None:
         model = runtime.prepare_model(model)
-    if not model.built:
+    if not model.built or (runtime is not None and runtime.calls_model_once):
         features, _, _ = compiled.example_batch(trainer)  # zeros shaped like one example
         model(features, training=False)
     return model

@@ -62,6 +62,10 @@ class StrategyRuntime:
     def is_chief(self) -> bool:
         return self.context is None or self.context.is_chief
 
+    #: Whether the model must be called once eagerly after `prepare_model`, even when it is built
+    #: already (model_parallel records the order its layers run in from that call).
+    calls_model_once = False
+
     def prepare_model(self, model: Any) -> Any:
         """Called on the user's model before it is built (model_parallel places its layers here)."""
         return model
@@ -250,6 +254,7 @@ class ModelParallelRuntime(StrategyRuntime):
     """
 
     config: ModelParallel
+    calls_model_once = True
 
     def __init__(
         self,
@@ -275,13 +280,18 @@ class ModelParallelRuntime(StrategyRuntime):
         from tfdist_trainer.model_parallel import placement as placement_lib
 
         self.placement = placement_lib.Placement(
-            model, self.config.plan, self.devices, host_device=self.host_device, log=self._log
+            model,
+            self.config.plan,
+            self.devices,
+            host_device=self.host_device,
+            require_balance=self.config.require_balance,
+            log=self._log,
         )
         return self.placement.apply()
 
     def train_step_fn(self, trainer):
         from tfdist_trainer import variables
-        from tfdist_trainer.model_parallel import placement as placement_lib
+        from tfdist_trainer.model_parallel import step as step_lib
 
         placement = self.placement
         if placement is None or placement.model is not trainer.model:
@@ -311,16 +321,13 @@ class ModelParallelRuntime(StrategyRuntime):
                 ),
             )
             self._log(f"model_parallel placement written to {path}")
-        last = placement.units[-1] if placement.units else None
-        loss_device = (
-            self.devices[last.index] if last is not None and last.index is not None else None
-        )
+        loss_device = placement.loss_device()
         if self.config.num_micro_batches > 1:
             self._log(
                 f"model_parallel pipelines each replica batch over "
                 f"{self.config.num_micro_batches} micro-batches"
             )
-        return placement_lib.make_train_step(
+        return step_lib.make_train_step(
             trainer,
             num_micro_batches=self.config.num_micro_batches,
             loss_device=loss_device,
