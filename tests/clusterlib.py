@@ -49,6 +49,17 @@ def train_cmd(*args: str) -> list[str]:
     return [PYTHON, "-m", "tfdist_trainer.cli", *args]
 
 
+def assert_one_error_line(result: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
+    """The run exited with `code` after ONE ``[role] error: ...`` line holding every fragment, no traceback."""
+    assert result.returncode == code, f"exit {result.returncode}:\n{result.stdout[-5000:]}"
+    assert "Traceback" not in result.stdout, result.stdout[-5000:]
+    errors = [line for line in result.stdout.splitlines() if "] error: " in line]
+    assert len(errors) == 1, result.stdout[-5000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
 def launch_cmd(launch_args: Sequence[str], train_args: Sequence[str]) -> list[str]:
     return [PYTHON, "-m", "tfdist_trainer.launch.main", *launch_args, "--", *train_args]
 

@@ -221,7 +221,7 @@ def test_sharded_embedding_smoke_has_an_unsharded_baseline(tmp_path):
     assert units == ["steps/s", "bytes/step"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_model_parallel_smoke(tmp_path):
     out = str(tmp_path / "bench")
     # Two devices are enough for what this checks (mp2 and mp2_pipelined against one_device); the
@@ -231,6 +231,19 @@ def test_model_parallel_smoke(tmp_path):
     assert {"one_device", "mp2", "mp2_pipelined"} <= set(payload["results"])
     figures = check_figures(payload, at_least=2)
     assert all(f["baseline"].startswith("one_device") for f in figures)
+
+    # keras-hub's GPT-2 (its default --micro_batches=4,8), each variant named by model and depth;
+    # each model_parallel variant reports the bytes its placement put on each device.
+    out = str(tmp_path / "bench_gpt2")
+    run_smoke("benchmarks.model_parallel", out, "--devices=2", "--model=gpt2", timeout=180)
+    payload = load(out, "model_parallel")
+    names = ["one_device", "mp2", "mp2_pipelined_mb4", "mp2_pipelined_mb8"]
+    assert list(payload["results"]) == [f"gpt2_L2_{n}" for n in names]
+    for r in list(payload["results"].values())[1:]:
+        assert [d["bytes"] > 0 for d in r["per_device"]] == [True, True], r
+        assert sum(d["share"] for d in r["per_device"]) == pytest.approx(1.0)
+    figures = check_figures(payload, at_least=3)
+    assert [f["target"] is not None for f in figures] == [False, True, True]
 
 
 def test_data_service_smoke_compares_with_static_shards_in_the_same_run(tmp_path):

@@ -24,7 +24,7 @@ import textwrap
 
 import clusterlib
 import pytest
-from clusterlib import REPO, base_env, read_records, strategy_gin, train_cmd
+from clusterlib import REPO, assert_one_error_line, base_env, read_records, strategy_gin, train_cmd
 
 from tfdist_trainer.model_parallel import placement as placement_lib
 
@@ -214,16 +214,6 @@ def test_four_devices_auto_pipelined_place_layers_and_match_one_device(runs):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return clusterlib.run(train_cmd(*args), timeout=TIMEOUT_S)
-
-
-def assert_one_error_line(result: subprocess.CompletedProcess, code: int, *fragments: str) -> str:
-    assert result.returncode == code, f"exit {result.returncode}:\n{result.stdout[-5000:]}"
-    assert "Traceback" not in result.stdout, result.stdout[-5000:]
-    errors = [line for line in result.stdout.splitlines() if "] error: " in line]
-    assert len(errors) == 1, result.stdout[-5000:]
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
-    return errors[0]
 
 
 def test_plan_naming_a_missing_device_fails_before_tensorflow(corpus, tmp_path):

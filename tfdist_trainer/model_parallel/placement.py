@@ -150,15 +150,6 @@ def _children(layer: Any) -> list:
     ]
 
 
-def _is_building_call() -> bool:
-    """True in an eager call outside Keras's symbolic/stateless scopes (where a build really happens)."""
-    import tensorflow as tf
-
-    if not tf.executing_eagerly():
-        return False
-    return not tf_compat.in_stateless_scope() and not tf_compat.in_symbolic_scope()
-
-
 # -- the layer tree -------------------------------------------------------------------
 
 
@@ -355,14 +346,13 @@ class Placement:
 
     # -- wrapping ------------------------------------------------------------
     def apply(self) -> Any:
-        """Wraps every layer's build and call; the model's first eager call finalizes. Returns the model."""
+        """Wraps every layer's build and call; returns the model. Call `finalize` after its first call."""
         self.tree = LayerTree(self.model)
         self._check_has_layers()
         if self.plan != AUTO:
             self._assign_rules()
         for node in self.tree.nodes():
             self._wrap(node)
-        self._finalize_after_first_call()
         return self.model
 
     def _record_call(self, node: Node) -> None:
@@ -407,19 +397,6 @@ class Placement:
 
         layer.build = build
         layer.call = call
-
-    def _finalize_after_first_call(self) -> None:
-        model, placement = self.model, self
-        original_call = model.call
-
-        @functools.wraps(original_call)
-        def call(*args, **kwargs):
-            result = original_call(*args, **kwargs)
-            if not placement.finalized and _is_building_call():
-                placement.finalize()
-            return result
-
-        model.call = call
 
     # -- after the first call ------------------------------------------------
     def finalize(self) -> None:

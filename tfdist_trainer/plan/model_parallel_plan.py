@@ -215,9 +215,29 @@ def auto_stages(
             items = _expand(items, item)
     while True:
         stages = balance_contiguous([it.bytes for it in items], num_stages)
-        if is_balanced(stage_bytes(items, stages, num_stages), tolerance):
-            return items, stages
         splittable = [it for it in items if it.splittable]
-        if not splittable:
-            return items, stages
+        if not splittable or is_balanced(stage_bytes(items, stages, num_stages), tolerance):
+            return _collapse(items, stages)
         items = _expand(items, max(splittable, key=lambda it: it.bytes))
+
+
+def _collapse(items: list[PlanItem], stages: list[int]) -> tuple[list[PlanItem], list[int]]:
+    """Undoes every expansion whose pieces all landed on one stage (innermost first): same stages,
+    fewer rows, and a layer kept whole runs all its ops on its device."""
+    items, stages = list(items), list(stages)
+    changed = True
+    while changed:
+        changed = False
+        for start in reversed(range(len(items))):
+            if not items[start].own:
+                continue
+            prefix = items[start].node.path + "/"
+            end = start + 1
+            while end < len(items) and items[end].node.path.startswith(prefix):
+                end += 1
+            if len(set(stages[start:end])) == 1:
+                items[start:end] = [PlanItem(items[start].node)]
+                stages[start:end] = [stages[start]]
+                changed = True
+                break
+    return items, stages

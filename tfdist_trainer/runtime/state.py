@@ -32,6 +32,8 @@ def build_model(trainer: Trainer, runtime: StrategyRuntime | None = None) -> ker
     if not model.built or (runtime is not None and runtime.calls_model_once):
         features, _, _ = compiled.example_batch(trainer)  # zeros shaped like one example
         model(features, training=False)
+    if runtime is not None:
+        runtime.model_built(model)
     return model
 
 

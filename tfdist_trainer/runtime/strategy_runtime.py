@@ -67,8 +67,12 @@ class StrategyRuntime:
     calls_model_once = False
 
     def prepare_model(self, model: Any) -> Any:
-        """Called on the user's model before it is built (model_parallel places its layers here)."""
+        """Called on the user's model before it is built (model_parallel wraps its layers here)."""
         return model
+
+    def model_built(self, model: Any) -> None:
+        """Called once the model is built and has been called, before the optimizer creates its slots
+        (model_parallel chooses 'auto' stages and moves variables to their devices here)."""
 
     def train_step_fn(self, trainer: Any) -> Any:
         """The per-replica step the loop runs (model_parallel may pipeline it over micro-batches)."""
@@ -288,6 +292,9 @@ class ModelParallelRuntime(StrategyRuntime):
             log=self._log,
         )
         return self.placement.apply()
+
+    def model_built(self, model):
+        self.placement.finalize()
 
     def train_step_fn(self, trainer):
         from tfdist_trainer import variables
