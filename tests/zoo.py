@@ -11,12 +11,16 @@ so the Transformer LM meets 10 under one_device, the case that crashed.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import clusterlib
 from clusterlib import REPO, launch_cmd, read_records, strategy_gin
 
-MODELS = ("transformer_lm", "resnet_cnn", "wide_deep")
+# keras_hub_*: models nobody here wrote (recipes/keras_hub: keras-hub's GPT-2 causal LM with its
+# tied head, and a BERT classifier, built from config), 2 blocks of width 128.
+MODELS = ("transformer_lm", "resnet_cnn", "wide_deep", "keras_hub_gpt2", "keras_hub_bert")
 STRATEGIES = (
     "one_device",
     "mirrored",
@@ -40,9 +44,11 @@ def steps_per_loop(model: str, strategy: str) -> str:
 def bindings(model: str, strategy: str) -> list[str]:
     extra = [f"train.steps_per_loop={steps_per_loop(model, strategy)}"]
     if strategy == "model_parallel":
-        # Pipelined over 2 micro-batches, except the wide & deep model: its Trainer brings its
-        # own train_step (sparse table updates), which pipelining would replace (a ConfigError).
-        extra.append(f"model_parallel.num_micro_batches={1 if model == 'wide_deep' else 2}")
+        # Pipelined over 2 micro-batches (the keras-hub models 4), except the wide & deep model:
+        # its Trainer brings its own train_step (sparse table updates), which pipelining would
+        # replace (a ConfigError).
+        micro_batches = {"wide_deep": 1, "keras_hub_gpt2": 4, "keras_hub_bert": 4}.get(model, 2)
+        extra.append(f"model_parallel.num_micro_batches={micro_batches}")
     if (model, strategy) == MIXED_BFLOAT16:
         # bfloat16 on a CPU without native support is emulated (~4x slower than float32): at
         # 16x16 images the run costs what a float32 one does (200 s -> ~60 s in make test), and
@@ -82,3 +88,17 @@ def train_and_check(model: str, strategy: str, model_dir: str) -> None:
     assert all(r["peak_rss_mib"] > 0 for r in train), (where, train)
     assert "peak_rss=" in result.stdout, result.stdout[-3000:]
     assert clusterlib.no_process_left(model_dir) == []
+    if strategy == "model_parallel":
+        check_model_parallel(model, model_dir, result.stdout)
+
+
+def check_model_parallel(model: str, model_dir: str, output: str) -> None:
+    """'auto' on 2 devices splits a keras-hub backbone evenly; pipelined BatchNorm is said once."""
+    with open(os.path.join(model_dir, "placement.json")) as f:
+        placement = json.load(f)
+    if model.startswith("keras_hub"):
+        shares = [d["bytes"] for d in placement["per_device"]]
+        assert all(0.4 <= b / sum(shares) <= 0.6 for b in shares), (model, shares)
+        assert placement["misplaced"] == [] and placement["warnings"] == [], placement
+    if model == "resnet_cnn":  # pipelined with BatchNormalization: statistics per micro-batch
+        assert output.count("each micro-batch is normalised with its own statistics") == 1, output

@@ -1,0 +1,12 @@
+"""The model zoo's keras_hub_gpt2 (configs/zoo/keras_hub_gpt2.gin: keras-hub, built from config) under every strategy (see tests/zoo.py)."""
+
+from __future__ import annotations
+
+import pytest
+import zoo
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", zoo.STRATEGIES)
+def test_keras_hub_gpt2_trains_under_every_strategy(strategy, tmp_path):
+    zoo.train_and_check("keras_hub_gpt2", strategy, str(tmp_path / strategy))
