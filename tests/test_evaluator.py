@@ -256,7 +256,7 @@ def test_the_chief_spares_the_pinned_checkpoint_and_only_it(tmp_path):
 
 
 def test_the_wait_is_said_once_then_after_each_long_silence():
-    from tfdist_trainer.runtime.evaluator import QuietWait
+    from tfdist_trainer.runtime.evaluate import QuietWait
 
     now, said = [0.0], []
     wait = QuietWait(lambda fmt, *args: said.append(fmt % args), repeat_s=600, clock=lambda: now[0])

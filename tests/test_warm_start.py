@@ -27,7 +27,7 @@ from test_hooks_cli import error_line, expect_exit, records, train, train_args, 
 from test_hooks_cli import project as project  # noqa: PLC0414  (the module fixture, shared)
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.runtime.warm_start import relative_names
+from tfdist_trainer.runtime.apply_warm_start import relative_names
 
 TIMEOUT_S = 180
 NAMES = ["dense/kernel", "dense/bias", "dense_1/kernel", "dense_1/bias"]

@@ -3,7 +3,7 @@
 The same run as `tfdist-train` on a lone machine: the same gin files and
 bindings (`train.*`, `Trainer.*`, the strategy's), loaded by the same
 `config.load_experiment`, validated by the same strategy topology, trained by
-the same `controller.run_training`, with the same files under model_dir. Only
+the same `run_training` (runtime/train/controller.py), with the same files under model_dir. Only
 the strategies that run in one process are accepted (one_device, mirrored,
 model_parallel without data_parallel); the others need one process per task,
 which `tfdist-launch` (or `tfdist-train` on each task) starts.
@@ -98,13 +98,13 @@ def train(
 
     import keras
 
-    from tfdist_trainer.runtime import controller
+    from tfdist_trainer.runtime.train.controller import run_training
 
     # What the run changes for the whole process goes back as it was: a notebook goes on.
     previous_policy = keras.mixed_precision.global_policy()
     previous_sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        return controller.run_training(experiment, cluster, model_dir)
+        return run_training(experiment, cluster, model_dir)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
         if threading.current_thread() is threading.main_thread():

@@ -14,8 +14,9 @@ import sys
 from absl import app, flags, logging
 
 from tfdist_trainer import errors
-from tfdist_trainer.errors import EXIT_CONFIG, EXIT_PEER_LOST
+from tfdist_trainer.errors import EXIT_CONFIG
 from tfdist_trainer.io import markers
+from tfdist_trainer.plan.strategies import Action
 
 FLAGS = flags.FLAGS
 
@@ -151,7 +152,7 @@ def main(argv: list[str]) -> None:
         _fail(role, str(e), EXIT_CONFIG)
 
     # TensorFlow reads TF_CONFIG when the strategy is created: give it the normalized form.
-    tf_config = cluster.to_tf_config() if action.value != "evaluate" else ""
+    tf_config = cluster.to_tf_config() if action is not Action.EVALUATE else ""
     if tf_config:
         os.environ["TF_CONFIG"] = tf_config
     else:
@@ -161,51 +162,50 @@ def main(argv: list[str]) -> None:
     except errors.ConfigError as e:
         _fail(role, str(e), EXIT_CONFIG)
     logging.info("%s as %s under %s", action.value, role, strategy_config.name)
-    if action.value == "evaluate":
+    if action is Action.EVALUATE:
         from tfdist_trainer.runtime import preemption
 
         preemption.stop_quietly_on_sigterm("the evaluator starts")
 
-    from tfdist_trainer.runtime import controller
+    from tfdist_trainer.runtime.peers import lost_peer_is_one_error
 
     try:
-        if action.value == "serve":
-            from tfdist_trainer.runtime import server
-
-            server.serve(
-                cluster,
-                FLAGS.model_dir,
-                chief_gone_grace_s=FLAGS.chief_gone_grace_s,
-                preemption_grace_s=FLAGS.preemption_grace_s,
-            )
-        elif action.value == "evaluate":
-            from tfdist_trainer.runtime import evaluator
-
-            evaluator.run_evaluator(
-                experiment,
-                FLAGS.model_dir,
-                timeout_s=FLAGS.evaluator_timeout_s,
-                context=strategy_config.task_context(cluster, FLAGS.model_dir),
-            )
-        else:
-            controller.run_training(experiment, cluster, FLAGS.model_dir)
-            from tfdist_trainer.runtime import shutdown
-
-            shutdown.finish_synchronous_job(cluster)  # the coordination leader exits last
+        with lost_peer_is_one_error():
+            _run_action(action, experiment, cluster, strategy_config)
     # the package's own errors: one sentence; anything else keeps its traceback
     except errors.TfdistError as e:
         # A serving task leaves without interpreter shutdown: with its TF server still running,
         # teardown sometimes crashed (exit 139 after the line saying 143; seen in make test).
-        hard = e.hard_exit or action.value == "serve"
+        hard = e.hard_exit or action is Action.SERVE
         _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=hard)
-    except controller.PEER_LOST_ERRORS as e:
-        first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]
-        _fail(
-            role,
-            f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "
-            f"restart it and this task to resume from the last checkpoint.",
-            EXIT_PEER_LOST,
+
+
+def _run_action(action, experiment, cluster, strategy_config) -> None:
+    """The task's job: serve (ps, parameter_server worker, dispatcher), evaluate, or train."""
+    if action is Action.SERVE:
+        from tfdist_trainer.runtime import serve
+
+        serve.serve(
+            cluster,
+            FLAGS.model_dir,
+            chief_gone_grace_s=FLAGS.chief_gone_grace_s,
+            preemption_grace_s=FLAGS.preemption_grace_s,
         )
+    elif action is Action.EVALUATE:
+        from tfdist_trainer.runtime import evaluate
+
+        evaluate.run_evaluator(
+            experiment,
+            FLAGS.model_dir,
+            timeout_s=FLAGS.evaluator_timeout_s,
+            context=strategy_config.task_context(cluster, FLAGS.model_dir),
+        )
+    else:
+        from tfdist_trainer.runtime import shutdown
+        from tfdist_trainer.runtime.train.controller import run_training
+
+        run_training(experiment, cluster, FLAGS.model_dir)
+        shutdown.finish_synchronous_job(cluster)  # the coordination leader exits last
 
 
 def run() -> None:

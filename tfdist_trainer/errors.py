@@ -74,6 +74,12 @@ class Preempted(TfdistError):
     exit_code = EXIT_PREEMPTED
 
 
+class PeerLost(TfdistError):
+    """TensorFlow lost contact with another task (a ps, a peer worker): a restart from the checkpoint fixes it."""
+
+    exit_code = EXIT_PEER_LOST
+
+
 class ChiefLost(TfdistError):
     """A serving task saw the chief vanish before it marked training done."""
 

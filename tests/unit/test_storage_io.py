@@ -22,7 +22,7 @@ def test_done_marker_from_an_older_run_is_ignored(tmp_path):
     stale = markers.done_run_id(model_dir)
     assert stale and markers.done_step(model_dir) == 30
     assert not markers.done_since(model_dir, stale)
-    markers.mark_done(model_dir, None)  # the restarted chief clears it
+    markers.clear_done(model_dir)  # the restarted chief clears it
     assert markers.done_step(model_dir) is None and not markers.done_since(model_dir, stale)
     markers.mark_done(model_dir, 60)  # this run is done
     assert markers.done_since(model_dir, stale) and markers.done_step(model_dir) == 60

@@ -1,10 +1,10 @@
-"""tfdist_trainer.runtime.warm_start.relative_names, in process. Warm starts in real runs are in tests/test_warm_start.py."""
+"""tfdist_trainer.runtime.apply_warm_start.relative_names, in process. Warm starts in real runs are in tests/test_warm_start.py."""
 
 from __future__ import annotations
 
 from test_hooks_cli import project as project  # noqa: PLC0414  (the module fixture, shared)
 
-from tfdist_trainer.runtime.warm_start import relative_names
+from tfdist_trainer.runtime.apply_warm_start import relative_names
 
 
 def test_relative_names():

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tfdist_trainer.runtime import loops
-    from tfdist_trainer.runtime.run_context import RunContext
+    from tfdist_trainer.runtime.train.run_context import RunContext
 
 
 class StopTraining(Exception):

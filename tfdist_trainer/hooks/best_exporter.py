@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import gin
 from absl import logging
@@ -15,10 +14,6 @@ from tfdist_trainer import checks
 from tfdist_trainer.errors import ConfigError, StorageError
 from tfdist_trainer.hooks.base import Hook
 from tfdist_trainer.io import storage
-
-if TYPE_CHECKING:
-    pass
-
 
 #: The record beside each best export's SavedModel (in its directory): metric, mode, value, step, checkpoint.
 BEST_EXPORT_RECORD = "best_export.json"

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import gin
 
 from tfdist_trainer import checks
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.hooks.base import Hook
-
-if TYPE_CHECKING:
-    pass
 
 
 @gin.configurable

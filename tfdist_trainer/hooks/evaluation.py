@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import gin
 
 from tfdist_trainer.hooks.base import Hook
-
-if TYPE_CHECKING:
-    pass
 
 
 @gin.configurable

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import gin
 
 from tfdist_trainer.errors import StorageError
 from tfdist_trainer.hooks.base import Hook
 from tfdist_trainer.io import storage
-
-if TYPE_CHECKING:
-    pass
 
 
 @gin.configurable

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import gin
 from absl import logging
 
 from tfdist_trainer.errors import ConfigError, NonFiniteLossError
 from tfdist_trainer.hooks.base import Hook
-
-if TYPE_CHECKING:
-    pass
 
 
 @gin.configurable

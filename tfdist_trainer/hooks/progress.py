@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import gin
 
 from tfdist_trainer.hooks.base import Hook
 from tfdist_trainer.io.records import format_tags, format_values
-
-if TYPE_CHECKING:
-    pass
 
 
 def format_peak_memory(record: dict[str, float]) -> str:

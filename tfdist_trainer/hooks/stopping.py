@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import gin
 
 from tfdist_trainer import checks
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.hooks.base import Hook, StopTraining
-
-if TYPE_CHECKING:
-    pass
 
 
 @gin.configurable

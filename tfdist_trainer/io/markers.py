@@ -29,19 +29,23 @@ SAVED_FILE = "preemption_saved"
 DEFAULT_PREEMPTION_GRACE_S = 25.0
 
 
-def mark_done(model_dir: str, step: int | None) -> None:
-    """The chief tells side-cars that no checkpoint after `step` will come (None: training restarts).
+def clear_done(model_dir: str) -> None:
+    """Deletes the done marker: a (re)started chief says training goes on, so side-cars keep following."""
+    storage.remove(storage.join(model_dir, DONE_FILE))
+
+
+def mark_done(model_dir: str, step: int) -> None:
+    """The chief tells side-cars that no checkpoint after `step` will come.
 
     The marker holds a fresh run id and the step, as JSON: serving tasks tell
     a new marker from an older run's by the id, never by comparing the file's
     time with their own clock (object stores have no reliable mtime, and hosts'
     clocks differ).
     """
-    path = storage.join(model_dir, DONE_FILE)
-    if step is None:
-        storage.remove(path)
-        return
-    storage.write_text(path, json.dumps({"run_id": uuid.uuid4().hex, "step": int(step)}) + "\n")
+    storage.write_text(
+        storage.join(model_dir, DONE_FILE),
+        json.dumps({"run_id": uuid.uuid4().hex, "step": int(step)}) + "\n",
+    )
 
 
 def read_marker(model_dir: str) -> dict | None:

@@ -32,7 +32,7 @@ Sharded tables (`ShardedEmbedding`, `ShardedSoftmax`) are saved as one logical
 tensor per table, not per shard, and are not warm-started by name.
 
 The settings only: gin registers `WarmStart` before TF starts, and a bad setting is an error
-then. `tfdist_trainer.runtime.warm_start` applies them.
+then. `tfdist_trainer.runtime.apply_warm_start` applies them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A cluster preempts a task with SIGTERM, then SIGKILL after a grace period
 
 * **A training task** (the chief, a lone process, every multi_worker_mirrored
   worker) finishes its current loop, saves a checkpoint and exits 143
-  (tfdist_trainer.runtime.controller).
+  (tfdist_trainer.runtime.train.task_hooks).
 * **A ps** (parameter_server) holds the variables, so its exit would lose
   every step since the last periodic checkpoint. It keeps serving and asks
   the chief to save (`markers.request_save`: ``preempted-ps-<i>`` in

@@ -7,7 +7,12 @@ before TensorFlow's runtime starts and the strategy only after:
     runtime = strategy_runtime.start(config, context=context)
     runtime.strategy, runtime.coordinator             # the tf.distribute objects
     model = runtime.prepare_model(model)              # model_parallel places its layers here
-    step_fn = runtime.train_step_fn(trainer)          # ...and may pipeline the step
+    loop = runtime.make_train_loop(...)               # the step loop this strategy runs
+
+Every decision that depends on the strategy lives here, as a one-line question
+or one method: which loop runs the steps (`make_train_loop`), how synchronous
+workers agree (`max_over_workers`, `agree`), whether a checkpoint spans tasks
+(`spans_tasks`), whether XLA can compile the step (`check_jit_compile`).
 
 `start` builds one `StrategyRuntime` holding everything it needs (the strategy,
 the coordinator, the task's context, model_parallel's devices), so nothing
@@ -24,6 +29,8 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.plan.cluster import WORKER, ClusterConfig
+from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.plan.strategies import (
     Mirrored,
     ModelParallel,
@@ -33,6 +40,7 @@ from tfdist_trainer.plan.strategies import (
     StrategyConfig,
 )
 from tfdist_trainer.plan.task import TaskContext
+from tfdist_trainer.runtime import loops
 
 
 class StrategyRuntime:
@@ -61,6 +69,76 @@ class StrategyRuntime:
     @property
     def is_chief(self) -> bool:
         return self.context is None or self.context.is_chief
+
+    @property
+    def schedules(self) -> bool:
+        """Whether the chief schedules step loops onto workers (parameter_server) instead of running them."""
+        return self.coordinator is not None
+
+    @property
+    def spans_tasks(self) -> bool:
+        """Whether a checkpoint holds variables of other tasks (parameter_server: the ps tasks')."""
+        return self.coordinator is not None
+
+    def max_over_workers(self, cluster: ClusterConfig) -> Callable[[int], int] | None:
+        """An int -> int maximum over every synchronous worker (a collective); None without peers.
+
+        Synchronous workers must take every decision together (stop, save, the loop size),
+        or one would wait in a collective the others never join.
+        """
+        if self.schedules or cluster.is_local:
+            return None
+        strategy = self.strategy
+
+        @tf.function
+        def max_over_workers(value):
+            votes = strategy.run(lambda: tf.reshape(value, [1]))
+            return tf.reduce_max(strategy.gather(votes, axis=0))  # ReduceOp has no MAX
+
+        return lambda value: int(max_over_workers(tf.constant(value, tf.int64)))
+
+    def check_jit_compile(self, jit_compile: bool) -> None:
+        """XLA puts a step on one device: refuse it where the variables live on several of one process."""
+        replicas_on_cpus = self.strategy.num_replicas_in_sync > 1 and all(
+            "CPU" in d.upper() for d in self.strategy.extended.worker_devices
+        )
+        if jit_compile and (not self.config.supports_jit_compile or replicas_on_cpus):
+            raise ConfigError(
+                f"train.jit_compile=True cannot run {self.config.name} over several devices of one "
+                f"process: XLA puts every step on one device, away from variables on the others; use "
+                f"it with one_device, or mirrored / multi_worker_mirrored on GPUs."
+            )
+
+    def make_train_loop(
+        self,
+        trainer: Any,
+        global_step: tf.Variable,
+        experiment: Experiment,
+        cluster: ClusterConfig,
+        *,
+        agree: Callable[[int], int] | None = None,
+    ) -> Any:
+        """The loop that runs this task's training steps: in the task, or scheduled onto workers."""
+        steps_per_loop = experiment.steps_per_loop
+        if experiment.auto_steps_per_loop:
+            steps_per_loop = loops.StepsPerLoopTuner(
+                initial=min(8, experiment.steps_per_loop), agree=agree
+            )
+        common = dict(jit_compile=experiment.jit_compile, step_fn=self.train_step_fn(trainer))
+        if not self.schedules:
+            return loops.TrainLoop(self.strategy, trainer, global_step, steps_per_loop, **common)
+        return loops.ScheduledTrainLoop(
+            self.strategy,
+            self.coordinator,
+            trainer,
+            global_step,
+            steps_per_loop,
+            **common,
+            num_workers=cluster.num_tasks(WORKER),
+            stall_timeout_s=self.config.stall_timeout_s,
+            worker_addresses=[t.address for t in cluster.tasks((WORKER,))],
+            dispatcher_address=cluster.dispatcher_address,
+        )
 
     #: Whether the model must be called once eagerly after `prepare_model`, even when it is built
     #: already (model_parallel records the order its layers run in from that call).

@@ -33,16 +33,16 @@ from tfdist_trainer.sharding.optimizers import (
     SparseAdagrad,
     reshardable,
 )
-from tfdist_trainer.sharding.placement import (
-    PlacementLedger,
-    placement_ledger,
-    ps_devices,
-    record_all_variables,
-)
 from tfdist_trainer.sharding.reports import (
     placement_records,
     placement_table,
     step_access_report,
+)
+from tfdist_trainer.sharding.shard_placement import (
+    PlacementLedger,
+    placement_ledger,
+    ps_devices,
+    record_all_variables,
 )
 from tfdist_trainer.sharding.sharded_layer import ShardedLayerMixin, sharded_layers
 from tfdist_trainer.sharding.softmax import ShardedSoftmax

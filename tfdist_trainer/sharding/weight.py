@@ -24,7 +24,7 @@ import tensorflow as tf
 from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
 from tfdist_trainer.sharding.layout import ShardLayout
-from tfdist_trainer.sharding.placement import (
+from tfdist_trainer.sharding.shard_placement import (
     create_on,
     is_parameter_server,
     placement_ledger,

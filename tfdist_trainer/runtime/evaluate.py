@@ -114,97 +114,132 @@ def run_evaluator(
     `context` is the evaluator task's (`Trainer.context`); None makes one from
     model_dir alone. Raises EvaluatorTimeout after `timeout_s` without a new
     checkpoint. A restarted evaluator goes on after the last step its journal
-    holds, so no checkpoint is evaluated twice.
+    holds, so no checkpoint is evaluated twice. The loop has the training
+    controller's shape: build, then one action per turn until done.
     """
-    trainer = experiment.trainer_cls()
-    trainer.context = context or TaskContext(
-        model_dir=model_dir,
-        task_type=EVALUATOR,
-        is_chief=False,
-        strategy=experiment.strategy_config.name,
-    )
-    global_step, checkpoint = build_state(
-        trainer, tf.distribute.get_strategy(), with_optimizer=False
-    )
-    evaluator = loops.EvalLoop(trainer, None, distributed=False)
-    if not evaluator.enabled:
-        raise ConfigError(
-            f"{type(trainer).__name__}.build_eval_dataset returned None; the evaluator has nothing to do."
-        )
-    journal = MetricsRecord(storage.join(model_dir, EVALUATOR_JOURNAL))
-    summaries = Summaries(model_dir, enabled=True)
-    tags = trainer_tags(trainer)
-    last_step = max((r["step"] for r in _evaluations(journal)), default=None)
-    if last_step is not None:
-        logging.info("going on after step %d, the last %s holds", last_step, EVALUATOR_JOURNAL)
-    done = _DoneMarker(model_dir, experiment.train_steps)
-    wait = QuietWait()
-    values: dict[str, float] = {}
-    termination = preemption.TerminationSignal()  # one line when it stops, below
+    side_car = SideCar(experiment, model_dir, context)
     try:
-        while True:
-            if termination.received:
-                logging.info(
-                    "stopped by SIGTERM %s; training goes on without the evaluator: exiting",
-                    f"after evaluating step {last_step}"
-                    if last_step is not None
-                    else "before any evaluation",
-                )
-                return values
-            latest = tf.train.latest_checkpoint(model_dir)
-            if latest is not None and (
-                last_step is None or checkpoints.step_of(latest) > last_step
-            ):
-                if not _read(checkpoint, latest, model_dir, by=trainer.context.role):
-                    continue  # deleted before it could be read: a newer one exists
-                step = int(global_step.numpy())
-                _say_skipped(model_dir, experiment, last_step, step)
-                values = report_eval(
-                    evaluator.evaluate(),
-                    step=step,
-                    tags=tags,
-                    record=journal,
-                    summaries=summaries,
-                    log=logging.info,
-                    checkpoint=latest,
-                    evaluated_by=EVALUATED_BY,
-                )
-                evaluation = SideCarEvaluation(
-                    model_dir=model_dir,
-                    step=step,
-                    values=values,
-                    checkpoint=latest,
-                    export=lambda target: export.export_serving_model(trainer.model, target),
-                )
-                for hook in experiment.hooks:  # the same gin config: e.g. BestExporter exports here
-                    hook.after_side_car_eval(evaluation)
-                last_step = step
-                wait.active()
-                continue
-            if last_step is not None and done.at_or_before(last_step):
+        while not side_car.stopped_by_sigterm():
+            latest = side_car.newer_checkpoint()
+            if latest is not None:
+                side_car.evaluate(latest)
+            elif side_car.training_done():
+                side_car.finish()
                 break
-            wait.waiting(
-                f"a checkpoint after step {last_step} in {model_dir}"
-                if last_step is not None
-                else f"the first checkpoint in {model_dir}"
+            else:
+                side_car.wait(timeout_s, poll_s)
+    finally:
+        checkpoints.unpin(model_dir)
+    return side_car.values
+
+
+class SideCar:
+    """The evaluator task, built: the model (no optimizer), the eval pass, its journal, where it is."""
+
+    def __init__(self, experiment: Experiment, model_dir: str, context: TaskContext | None):
+        self.experiment, self.model_dir = experiment, model_dir
+        trainer = self.trainer = experiment.trainer_cls()
+        trainer.context = context or TaskContext(
+            model_dir=model_dir,
+            task_type=EVALUATOR,
+            is_chief=False,
+            strategy=experiment.strategy_config.name,
+        )
+        self.global_step, self.checkpoint = build_state(
+            trainer, tf.distribute.get_strategy(), with_optimizer=False
+        )
+        self.eval_loop = loops.EvalLoop(trainer, None, distributed=False)
+        if not self.eval_loop.enabled:
+            raise ConfigError(
+                f"{type(trainer).__name__}.build_eval_dataset returned None; the evaluator has nothing to do."
             )
-            if wait.silence_s() > timeout_s:
-                raise EvaluatorTimeout(
-                    f"no new checkpoint appeared in {model_dir} for {timeout_s:g}s before step "
-                    f"{experiment.train_steps}; is the chief running?"
-                )
-            preemption.sleep_unless(lambda: termination.received, poll_s)
-        added = MetricsRecord(storage.join(model_dir, "metrics.jsonl")).add_missing(
-            _evaluations(journal)
+        self.journal = MetricsRecord(storage.join(model_dir, EVALUATOR_JOURNAL))
+        self.summaries = Summaries(model_dir, enabled=True)
+        self.tags = trainer_tags(trainer)
+        self.last_step = max((r["step"] for r in _evaluations(self.journal)), default=None)
+        if self.last_step is not None:
+            logging.info(
+                "going on after step %d, the last %s holds", self.last_step, EVALUATOR_JOURNAL
+            )
+        self.done = _DoneMarker(model_dir, experiment.train_steps)
+        self.quiet_wait = QuietWait()
+        self.values: dict[str, float] = {}
+        self.termination = preemption.TerminationSignal()  # one line when it stops
+
+    def stopped_by_sigterm(self) -> bool:
+        if not self.termination.received:
+            return False
+        logging.info(
+            "stopped by SIGTERM %s; training goes on without the evaluator: exiting",
+            f"after evaluating step {self.last_step}"
+            if self.last_step is not None
+            else "before any evaluation",
+        )
+        return True
+
+    def newer_checkpoint(self) -> str | None:
+        latest = tf.train.latest_checkpoint(self.model_dir)
+        if latest is None or (
+            self.last_step is not None and checkpoints.step_of(latest) <= self.last_step
+        ):
+            return None
+        return latest
+
+    def evaluate(self, prefix: str) -> None:
+        """Evaluates one checkpoint: logs, journals, summarizes it, and hands it to every hook."""
+        if not _read(self.checkpoint, prefix, self.model_dir, by=self.trainer.context.role):
+            return  # deleted before it could be read: a newer one exists
+        step = int(self.global_step.numpy())
+        _say_skipped(self.model_dir, self.experiment, self.last_step, step)
+        self.values = report_eval(
+            self.eval_loop.evaluate(),
+            step=step,
+            tags=self.tags,
+            record=self.journal,
+            summaries=self.summaries,
+            log=logging.info,
+            checkpoint=prefix,
+            evaluated_by=EVALUATED_BY,
+        )
+        evaluation = SideCarEvaluation(
+            model_dir=self.model_dir,
+            step=step,
+            values=self.values,
+            checkpoint=prefix,
+            export=lambda target: export.export_serving_model(self.trainer.model, target),
+        )
+        for hook in self.experiment.hooks:  # the same gin config: e.g. BestExporter exports here
+            hook.after_side_car_eval(evaluation)
+        self.last_step = step
+        self.quiet_wait.active()
+
+    def training_done(self) -> bool:
+        """The chief marked training done at a step this evaluator has evaluated."""
+        return self.last_step is not None and self.done.at_or_before(self.last_step)
+
+    def wait(self, timeout_s: float, poll_s: float) -> None:
+        self.quiet_wait.waiting(
+            f"a checkpoint after step {self.last_step} in {self.model_dir}"
+            if self.last_step is not None
+            else f"the first checkpoint in {self.model_dir}"
+        )
+        if self.quiet_wait.silence_s() > timeout_s:
+            raise EvaluatorTimeout(
+                f"no new checkpoint appeared in {self.model_dir} for {timeout_s:g}s before step "
+                f"{self.experiment.train_steps}; is the chief running?"
+            )
+        preemption.sleep_unless(lambda: self.termination.received, poll_s)
+
+    def finish(self) -> None:
+        """metrics.jsonl gets the evaluations the chief did not copy before it finished."""
+        added = MetricsRecord(storage.join(self.model_dir, "metrics.jsonl")).add_missing(
+            _evaluations(self.journal)
         )
         logging.info(
             "training is done and step %d is evaluated%s: exiting",
-            last_step,
+            self.last_step,
             f"; added {len(added)} evaluation(s) to metrics.jsonl" if added else "",
         )
-    finally:
-        checkpoints.unpin(model_dir)
-    return values
 
 
 def _evaluations(journal: MetricsRecord) -> list[dict]:

@@ -1,0 +1,115 @@
+"""The training task's own protocols as hooks (tfdist_trainer.runtime.train.task_hooks), in process.
+
+Their order after the user's hooks, and what each does between loops, with model_dir
+a file:// URI and a small stand-in for the run (only what these hooks read: the
+cluster's role, the step, the checkpointer's save). Real runs: SIGTERM in
+tests/test_preemption.py, served data in tests/test_data_service.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import types
+
+import gin
+import pytest
+
+from tfdist_trainer.errors import Preempted
+from tfdist_trainer.hooks import StopTraining
+from tfdist_trainer.io import markers, storage
+from tfdist_trainer.runtime.train import task_hooks
+
+
+class Saves:
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def save(self, step: int) -> None:
+        self.steps.append(step)
+
+
+class Summaries:
+    def __init__(self):
+        self.texts: list[tuple[str, str]] = []
+
+    def text(self, name: str, tag: str, value: str) -> None:
+        self.texts.append((name, tag))
+
+
+def stand_in(model_dir: str, *, is_chief: bool = True, step: int = 40):
+    return types.SimpleNamespace(
+        model_dir=model_dir,
+        cluster=types.SimpleNamespace(is_chief=is_chief),
+        step=step,
+        checkpointer=Saves(),
+        summaries=Summaries(),
+        agree=lambda flag: flag,
+    )
+
+
+@pytest.fixture
+def restore_sigterm():
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_order_after_the_users_hooks(tmp_path, restore_sigterm):
+    run = stand_in(f"file://{tmp_path}")
+    hooks = task_hooks.task_hooks(run, schedules=True)
+    assert [type(h).__name__ for h in hooks] == ["RunFiles", "StopWhenDataEnds", "SaveOnPreemption"]
+    assert hooks[2].ps_requests is not None  # the parameter_server chief answers ps requests
+    others = task_hooks.task_hooks(stand_in(f"file://{tmp_path}", is_chief=False), schedules=True)
+    assert others[2].ps_requests is None
+    assert task_hooks.task_hooks(run, schedules=False)[2].ps_requests is None
+
+
+def test_run_files_clear_the_done_marker_then_mark_the_final_step(tmp_path):
+    model_dir = f"file://{tmp_path}"
+    markers.mark_done(model_dir, 30)  # an earlier run finished at step 30
+    run = stand_in(model_dir, step=60)
+    hook = task_hooks.RunFiles()
+    hook.begin(run)
+    assert markers.read_marker(model_dir) is None  # side-cars keep following
+    assert storage.read_text(storage.join(model_dir, "config.gin")).startswith("# command: ")
+    assert run.summaries.texts == [("train", "config")]
+    hook.end(run)
+    assert markers.read_marker(model_dir)["step"] == 60
+    assert os.path.exists(tmp_path / "operative_config.gin")
+    # Only the chief writes them.
+    worker_dir = tmp_path / "worker"
+    worker = stand_in(f"file://{worker_dir}", is_chief=False)
+    hook.begin(worker)
+    hook.end(worker)
+    assert not worker_dir.exists()
+    gin.clear_config()
+
+
+def test_data_ending_stops_training_with_the_step():
+    hook = task_hooks.StopWhenDataEnds()
+    hook.after_loop(stand_in("unused"), types.SimpleNamespace(data_ended=False))
+    with pytest.raises(StopTraining, match="the training data ended at step 40"):
+        hook.after_loop(stand_in("unused"), types.SimpleNamespace(data_ended=True))
+
+
+def test_sigterm_saves_after_the_loop_then_exits_retryable(tmp_path, restore_sigterm):
+    run = stand_in(f"file://{tmp_path}")
+    hook = task_hooks.SaveOnPreemption(run.model_dir, answers_ps=False)
+    hook.after_loop(run, None)
+    assert run.checkpointer.steps == []  # nothing asked: no save
+    os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(Preempted, match="stopped by SIGTERM at step 40 after saving") as stopped:
+        hook.after_loop(run, None)
+    assert stopped.value.exit_code == 143 and run.checkpointer.steps == [40]
+
+
+def test_a_preempted_ps_is_answered_by_the_save(tmp_path, restore_sigterm):
+    model_dir = f"file://{tmp_path}"
+    run = stand_in(model_dir, step=70)
+    hook = task_hooks.SaveOnPreemption(model_dir, answers_ps=True)
+    request = markers.request_save(model_dir, "ps:0")
+    with pytest.raises(Preempted, match="ps:0 was preempted .*stopped at step 70"):
+        hook.after_loop(run, None)
+    assert run.checkpointer.steps == [70]
+    assert markers.saved_step(model_dir, request) == 70

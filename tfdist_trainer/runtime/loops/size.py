@@ -1,0 +1,80 @@
+"""How many steps one loop call takes: fixed, or tuned from measured throughput ('auto')."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from absl import logging
+
+
+class StepsPerLoopTuner:
+    """`steps_per_loop='auto'`: doubles the steps per call while throughput still improves.
+
+    Like tf-keras's StepsPerExecutionTuner, but for every strategy: each
+    candidate is timed over `calls_per_trial` full-size calls (the first call,
+    which traces, is not timed). A doubling that beats the best size so far
+    by less than `min_gain` is a miss; after `patience` + 1 misses in a row the
+    search settles on the best size. The one extra try matters on busy hosts,
+    where one noisy trial can hide a real gain (measured under parameter_server:
+    settling at the first miss kept 8 steps per loop where 100 was 10% faster).
+    Synchronous workers must issue identical calls, so with `agree` (max over
+    workers) every decision is taken jointly.
+    """
+
+    def __init__(
+        self,
+        initial: int = 8,
+        maximum: int = 1024,
+        min_gain: float = 0.05,
+        calls_per_trial: int = 2,
+        patience: int = 1,
+        agree: Callable[[int], int] | None = None,
+    ):
+        self.value = initial
+        self.maximum = maximum
+        self.min_gain = min_gain
+        self.calls_per_trial = calls_per_trial
+        self.patience = patience
+        self.agree = agree or (lambda v: v)
+        self.frozen = False
+        self._warm = False
+        self._best: tuple[float, int] | None = None
+        self._misses = 0
+        self._trial_steps, self._trial_seconds, self._trial_calls = 0, 0.0, 0
+
+    def observe(self, steps: int, seconds: float) -> None:
+        if self.frozen or steps < self.value:
+            return  # a short call at a boundary says nothing about this size
+        if not self._warm:
+            self._warm = True
+            return
+        self._trial_steps += steps
+        self._trial_seconds += seconds
+        self._trial_calls += 1
+        if self._trial_calls < self.calls_per_trial:
+            return
+        rate = self._trial_steps / max(self._trial_seconds, 1e-9)
+        self._trial_steps, self._trial_seconds, self._trial_calls = 0, 0.0, 0
+        if self._best is None or rate > self._best[0] * (1 + self.min_gain):
+            self._best, self._misses = (rate, self.value), 0
+        else:
+            self._misses += 1
+        searching = self._misses <= self.patience and self.value * 2 <= self.maximum
+        if self.agree(int(searching)):
+            self.value *= 2
+        else:
+            self.value = self.agree(self._best[1])
+            self.frozen = True
+            logging.info(
+                "steps_per_loop='auto' settled on %d (%.1f steps/s)", self.value, self._best[0]
+            )
+
+
+class FixedStepsPerLoop:
+    """A fixed number of steps per call."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def observe(self, steps: int, seconds: float) -> None:
+        pass

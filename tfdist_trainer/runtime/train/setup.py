@@ -1,0 +1,119 @@
+"""Builds one training task: strategy, state, restore, loop, run context and hooks (`build_run`).
+
+What `run_training` drives, what `tfdist_trainer.train(...)` runs, and what the
+benchmarks time: one path, so a benchmark measures what a user runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+from absl import logging
+
+from tfdist_trainer.errors import ClusterStalledError, ConfigError
+from tfdist_trainer.hooks import Hook
+from tfdist_trainer.plan.cluster import ClusterConfig
+from tfdist_trainer.plan.experiment import Experiment
+from tfdist_trainer.runtime import apply_warm_start, loops, strategy_runtime
+from tfdist_trainer.runtime.checkpoints import Checkpointer
+from tfdist_trainer.runtime.state import build_state, log_placement
+from tfdist_trainer.runtime.strategy_runtime import StrategyRuntime
+from tfdist_trainer.runtime.train import stall
+from tfdist_trainer.runtime.train.run_context import RunContext
+from tfdist_trainer.runtime.train.task_hooks import task_hooks
+
+
+@dataclasses.dataclass
+class Run:
+    """One training task, built and restored: call `train(steps)` between hook calls.
+
+    Attributes:
+      context: what hooks may touch (`RunContext`).
+      loop: the strategy's step loop (`loops.TrainLoop` or `loops.ScheduledTrainLoop`).
+      runtime: the strategy at run time.
+      hooks: the user's hooks (gin's defaults and extra_hooks), then the task's own (`task_hooks`).
+    """
+
+    context: RunContext
+    loop: Any
+    runtime: StrategyRuntime
+    hooks: list[Hook]
+
+    def train(self, steps: int) -> loops.LoopResult:
+        """Runs `steps` steps; a parameter_server cluster that stopped answering ends the task."""
+        try:
+            return self.loop.train(steps)
+        except ClusterStalledError as stalled:
+            timeout_s = self.runtime.config.stall_timeout_s
+            raise stall.stalled_error(self.context, stalled, timeout_s) from None
+
+
+def start_runtime(
+    experiment: Experiment, cluster: ClusterConfig, model_dir: str
+) -> StrategyRuntime:
+    """Seeds, configures devices, starts the strategy; one sentence when TF was started too early."""
+    config = experiment.strategy_config
+    if experiment.seed is not None:
+        keras.utils.set_random_seed(experiment.seed)
+    try:
+        strategy_runtime.prepare_devices(config)
+        runtime = strategy_runtime.start(config, context=config.task_context(cluster, model_dir))
+    # "cannot be modified after being initialized", "must be configured at startup"
+    except RuntimeError as e:
+        raise ConfigError(
+            f"TensorFlow was already running when the {config.name} strategy was set up ({str(e).strip()}); "
+            f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
+            f"into the Trainer's methods."
+        ) from None
+    runtime.check_jit_compile(experiment.jit_compile)
+    logging.info(
+        "strategy %s with %d replica(s) in sync", config.name, runtime.strategy.num_replicas_in_sync
+    )
+    return runtime
+
+
+def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> Run:
+    """The training task of `cluster` for `experiment`, restored from model_dir (or warm-started)."""
+    runtime = start_runtime(experiment, cluster, model_dir)
+    if experiment.mixed_precision:
+        keras.mixed_precision.set_global_policy(experiment.mixed_precision)
+    trainer = experiment.trainer_cls()
+    trainer.context = runtime.context
+    global_step, checkpoint = build_state(trainer, runtime.strategy, runtime=runtime)
+    checkpointer = Checkpointer(
+        model_dir=model_dir,
+        cluster=cluster,
+        checkpoint=checkpoint,
+        global_step=global_step,
+        keep=experiment.keep_checkpoints,
+        spans_tasks=runtime.spans_tasks,
+    )
+    apply_warm_start.warm_start_or_resume(
+        experiment.warm_start,
+        trainer,
+        restored_step=checkpointer.restore(),
+        model_dir=model_dir,
+        is_chief=cluster.is_chief,
+        scope=runtime.strategy.scope,
+    )
+    if cluster.is_chief:
+        log_placement(trainer)
+    max_over_workers = runtime.max_over_workers(cluster)
+    loop = runtime.make_train_loop(
+        trainer, global_step, experiment, cluster, agree=max_over_workers
+    )
+    context = RunContext(
+        experiment=experiment,
+        cluster=cluster,
+        model_dir=model_dir,
+        strategy=runtime.strategy,
+        trainer=trainer,
+        global_step=global_step,
+        checkpointer=checkpointer,
+        evaluator=loops.EvalLoop(trainer, runtime.strategy, distributed=not runtime.schedules),
+        max_over_workers=max_over_workers,
+    )
+    hooks = [*experiment.hooks, *task_hooks(context, schedules=runtime.schedules)]
+    return Run(context=context, loop=loop, runtime=runtime, hooks=hooks)

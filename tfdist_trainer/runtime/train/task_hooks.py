@@ -1,0 +1,103 @@
+"""The training task's own protocols, as hooks that run after the user's hooks.
+
+`build_run` appends them, in this order, after `train.extra_hooks` and the
+default hooks, so a user's hook always sees a loop before the task acts on it:
+
+1. `RunFiles`: begin clears the done marker (a restarted chief's side-cars keep
+   following) and writes ``config.gin``; end writes ``operative_config.gin`` and
+   marks the run done at its final step.
+2. `StopWhenDataEnds`: a finite dataset read through the tf.data service ends
+   training once every worker's reader found no more data.
+3. `SaveOnPreemption`: on SIGTERM (agreed by every synchronous worker), or when
+   a preempted ps asks the chief to save its variables, save after this loop,
+   answer the ps, and exit 143 (retryable). One save answers both.
+
+tests/unit/test_task_hooks.py checks the order and each hook's effect.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import gin
+
+from tfdist_trainer.errors import Preempted
+from tfdist_trainer.hooks import Hook, StopTraining
+from tfdist_trainer.io import markers, storage
+from tfdist_trainer.runtime import preemption
+from tfdist_trainer.runtime.train.run_context import RunContext
+
+
+class RunFiles(Hook):
+    """The chief's files about the run itself: the config it ran with and whether it is done."""
+
+    def begin(self, run: RunContext) -> None:
+        if not run.cluster.is_chief:
+            return
+        markers.clear_done(run.model_dir)
+        command = " ".join(sys.argv)
+        config = gin.config_str()
+        storage.write_text(
+            storage.join(run.model_dir, "config.gin"), f"# command: {command}\n{config}"
+        )
+        run.summaries.text("train", "config", f"command: `{command}`\n\n```\n{config}\n```")
+
+    def end(self, run: RunContext) -> None:
+        # After training, gin knows which bindings were really used: save those too.
+        if not run.cluster.is_chief:
+            return
+        storage.write_text(
+            storage.join(run.model_dir, "operative_config.gin"), gin.operative_config_str()
+        )
+        markers.mark_done(run.model_dir, run.step)
+
+
+class StopWhenDataEnds(Hook):
+    """A finite dataset served by the tf.data service ends training when its epoch is read."""
+
+    def after_loop(self, run, result):
+        if result.data_ended:
+            raise StopTraining(
+                f"the training data ended at step {run.step}: every example of the epoch was "
+                f"read (parameter_server.data_service)"
+            )
+
+
+class SaveOnPreemption(Hook):
+    """SIGTERM, or a preempted ps's save request: save after the current loop, then exit 143."""
+
+    def __init__(self, model_dir: str, *, answers_ps: bool):
+        self.termination = preemption.TerminationSignal(
+            "saving a checkpoint after the current loop, then exiting"
+        )
+        # A preempted ps asks the chief to save the variables it holds before it exits.
+        self.ps_requests = preemption.PsSaveRequests(model_dir) if answers_ps else None
+
+    def after_loop(self, run, result):
+        signalled = run.agree(self.termination.received)
+        requests = self.ps_requests.pending(now=signalled) if self.ps_requests else []
+        if not (signalled or requests):
+            return
+        run.checkpointer.save(run.step)
+        if self.ps_requests:
+            self.ps_requests.answer(requests, run.step)
+        if signalled:
+            raise Preempted(
+                f"stopped by SIGTERM at step {run.step} after saving a checkpoint; "
+                f"run the same command again to resume."
+            )
+        raise Preempted(
+            f"{preemption.preempted_ps_text(requests)}: stopped at step {run.step} after "
+            f"saving a checkpoint of its variables; exiting with code {Preempted.exit_code} "
+            f"(retryable): run the same command again (or let a restart policy restart the "
+            f"chief and the ps) to resume."
+        )
+
+
+def task_hooks(run: RunContext, *, schedules: bool) -> list[Hook]:
+    """The task's hooks, in the order they run after the user's (see the module docstring)."""
+    return [
+        RunFiles(),
+        StopWhenDataEnds(),
+        SaveOnPreemption(run.model_dir, answers_ps=schedules and run.cluster.is_chief),
+    ]
