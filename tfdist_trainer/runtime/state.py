@@ -70,6 +70,8 @@ def build_state(
                 trainer.optimizer = keras.optimizers.LossScaleOptimizer(trainer.optimizer)
             trainer.optimizer.build(trainer.model.trainable_variables)
             items["optimizer"] = trainer.optimizer
+        if runtime is not None:
+            runtime.state_built(trainer)
     return global_step, tf.train.Checkpoint(**items)
 
 

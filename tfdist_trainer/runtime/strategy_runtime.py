@@ -152,6 +152,9 @@ class StrategyRuntime:
         """Called once the model is built and has been called, before the optimizer creates its slots
         (model_parallel chooses 'auto' stages and moves variables to their devices here)."""
 
+    def state_built(self, trainer: Any) -> None:
+        """Called once model, optimizer and metrics exist (model_parallel reports its placement here)."""
+
     def train_step_fn(self, trainer: Any) -> Any:
         """The per-replica step the loop runs (model_parallel may pipeline it over micro-batches)."""
         return trainer.train_step
@@ -374,19 +377,11 @@ class ModelParallelRuntime(StrategyRuntime):
     def model_built(self, model):
         self.placement.finalize()
 
-    def train_step_fn(self, trainer):
+    def state_built(self, trainer):
+        """Checks every variable (and optimizer slot) is where the plan put it; writes placement.json."""
         from tfdist_trainer import variables
-        from tfdist_trainer.model_parallel import step as step_lib
 
-        placement = self.placement
-        if placement is None or placement.model is not trainer.model:
-            raise ConfigError(
-                "model_parallel's step needs the model its runtime placed: build the trainer's state "
-                "with state.build_state(..., runtime=runtime) before asking for the step."
-            )
-        if not placement.finalized:  # the model was never called eagerly: place it now
-            placement.finalize()
-        for path, actual, wanted in placement.misplaced():
+        for path, actual, wanted in self.placement.misplaced():
             logging.warning(
                 "model_parallel: variable %s is on %s, not on its planned device %s",
                 path,
@@ -397,7 +392,7 @@ class ModelParallelRuntime(StrategyRuntime):
         if path and self.is_chief:
             variables.write_report(
                 path,
-                placement.report(
+                self.placement.report(
                     optimizer=trainer.optimizer,
                     extra={
                         "num_micro_batches": self.config.num_micro_batches,
@@ -406,7 +401,16 @@ class ModelParallelRuntime(StrategyRuntime):
                 ),
             )
             self._log(f"model_parallel placement written to {path}")
-        loss_device = placement.loss_device()
+
+    def train_step_fn(self, trainer):
+        from tfdist_trainer.model_parallel import step as step_lib
+
+        placement = self.placement
+        if placement is None or placement.model is not trainer.model:
+            raise ConfigError(
+                "model_parallel's step needs the model its runtime placed: build the trainer's state "
+                "with state.build_state(..., runtime=runtime) before asking for the step."
+            )
         if self.config.num_micro_batches > 1:
             self._log(
                 f"model_parallel pipelines each replica batch over "
@@ -415,6 +419,6 @@ class ModelParallelRuntime(StrategyRuntime):
         return step_lib.make_train_step(
             trainer,
             num_micro_batches=self.config.num_micro_batches,
-            loss_device=loss_device,
+            loss_device=placement.loss_device(),
             log=self._log,
         )
