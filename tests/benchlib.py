@@ -9,7 +9,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-#: What _common.summarize puts in every timed result.
+#: What _bench.summarize puts in every timed result.
 STATS_KEYS = {
     "steps",
     "repetitions",
@@ -21,7 +21,7 @@ STATS_KEYS = {
     "steps_per_s_min",
     "steps_per_s_max",
 }
-#: What _common.figure puts in every headline figure.
+#: What _bench.figure puts in every headline figure.
 FIGURE_KEYS = {
     "figure",
     "value",

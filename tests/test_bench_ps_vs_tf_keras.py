@@ -53,18 +53,11 @@ def test_ps_vs_tf_keras_smoke(tmp_path):
 
     env_info = payload["environment"]
     assert env_info["tf_keras"] and env_info["tf_keras_importable_in_project_venv"] is False
-    assert {"trainer_vs_tf_keras_fit_spe", "trainer_vs_tf_keras_fit_default"} == set(
-        payload["speedups"]
-    )
     figures = {f["figure"]: f for f in payload["figures"]}
     assert len(figures) == 2
     for f in figures.values():
-        assert (
-            set(f) >= FIGURE_KEYS
-            and f["ratio"] > 0
-            and f["repetitions"] == 1
-            and len(f["spread"]) == 2
-        )
+        assert set(f) >= FIGURE_KEYS and f["ratio"] > 0 and f["repetitions"] == 1
+        assert len(f["spread"]) == 2
     headline = figures[f"parameter_server Trainer vs tf-keras fit (steps_per_execution={k})"]
     assert headline["target"] == ">= 1.2x" and isinstance(headline["meets_target"], bool)
 
