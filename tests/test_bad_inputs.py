@@ -66,6 +66,13 @@ def _check(
     return message
 
 
+def _check_run(
+    r: subprocess.CompletedProcess, model_dir: str, words: list[str], *, role: str | None = None
+) -> str:
+    """_check for a finished command whose model_dir is also the marker of its processes."""
+    return _check(r.stdout, r.returncode, model_dir, words, role=role, model_dir=model_dir)
+
+
 def _train(
     *args: str, tf_config_text: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess:
@@ -90,7 +97,7 @@ def test_tf_config_not_json(model_dir):
     r = _train(
         *_mnist("multi_worker_mirrored", model_dir), tf_config_text='{"cluster": {"worker": ["h:1"]'
     )
-    _check(r.stdout, r.returncode, model_dir, ["TF_CONFIG", "not valid JSON"], model_dir=model_dir)
+    _check_run(r, model_dir, ["TF_CONFIG", "not valid JSON"])
 
 
 def test_task_type_missing_from_cluster(model_dir):
@@ -98,13 +105,7 @@ def test_task_type_missing_from_cluster(model_dir):
     r = _train(
         *_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "ps", 0)
     )
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["TF_CONFIG", "'ps' is not in the cluster", "which has worker"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["TF_CONFIG", "'ps' is not in the cluster", "which has worker"])
 
 
 def test_tf_config_with_both_master_and_chief(model_dir):
@@ -117,12 +118,10 @@ def test_tf_config_with_both_master_and_chief(model_dir):
         }
     )
     r = _train(*_mnist("multi_worker_mirrored", model_dir), tf_config_text=text)
-    _check(
-        r.stdout,
-        r.returncode,
+    _check_run(
+        r,
         model_dir,
         ["TF_CONFIG", "names the chief twice", "'master'", "'chief'", "keep one of them"],
-        model_dir=model_dir,
     )
 
 
@@ -131,13 +130,7 @@ def test_task_index_out_of_range(model_dir):
     r = _train(
         *_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "worker", 2)
     )
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["task index 2", "out of range", "'worker'", "valid: 0..1"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["task index 2", "out of range", "'worker'", "valid: 0..1"])
 
 
 def test_job_name_with_task_index_out_of_range(model_dir):
@@ -149,26 +142,14 @@ def test_job_name_with_task_index_out_of_range(model_dir):
         f"--worker_hosts={','.join(cluster['worker'])}",
         f"--ps_hosts={cluster['ps'][0]}",
     )
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["cluster flags", "task index 1", "out of range", "'ps'"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["cluster flags", "task index 1", "out of range", "'ps'"])
 
 
 def test_hosts_without_job_name(model_dir):
     r = _train(
         *_mnist("multi_worker_mirrored", model_dir), "--worker_hosts=127.0.0.1:2222,127.0.0.1:2223"
     )
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["--job_name is not", "add --job_name"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["--job_name is not", "add --job_name"])
 
 
 def test_missing_model_dir():
@@ -200,31 +181,30 @@ def test_bad_flag(model_dir, command, words):
         r = _launch(["--num_worker=2"], _mnist("parameter_server", model_dir))
     else:
         r = _train(*_mnist("one_device", model_dir), "--task_index=two")
-    _check(r.stdout, r.returncode, model_dir, words, model_dir=model_dir)
+    _check_run(r, model_dir, words)
 
 
 def test_launch_negative_num_workers(model_dir):
     r = _launch(["--num_workers=-1"], _mnist("parameter_server", model_dir))
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["--num_workers", ">= 0"],
-        role="launch",
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["--num_workers", ">= 0"], role="launch")
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("0", ["--backoff_window_s", "positive number of seconds", "got 0.0"]),
+        ("soon", ["backoff_window_s", "soon"]),
+    ],
+)
+def test_launch_backoff_window_not_a_positive_number(model_dir, value, words):
+    r = _launch([f"--backoff_window_s={value}"], _mnist("parameter_server", model_dir))
+    _check(r.stdout, r.returncode, model_dir, words, role="launch", model_dir=model_dir)
 
 
 def test_missing_gin_file(model_dir):
     missing = os.path.join(os.path.dirname(model_dir), "no-such.gin")
     r = _train(*_mnist("one_device", model_dir), f"--gin_file={missing}")
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        [f"gin file {missing} does not exist", "--gin_file"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, [f"gin file {missing} does not exist", "--gin_file"])
 
 
 # -- the gin configuration and modules (fail after TensorFlow is imported) --------------
@@ -245,7 +225,7 @@ def test_missing_gin_file(model_dir):
 )
 def test_unknown_gin_binding(model_dir, binding, words):
     r = _train(*_mnist("one_device", model_dir), f"--gin_bindings={binding}")
-    _check(r.stdout, r.returncode, model_dir, words, model_dir=model_dir)
+    _check_run(r, model_dir, words)
 
 
 @pytest.mark.parametrize(
@@ -267,42 +247,24 @@ def test_unknown_gin_binding(model_dir, binding, words):
 )
 def test_bad_parameter_server_setting(model_dir, binding, words):
     r = _launch([], [*_mnist("parameter_server", model_dir), f"--gin_bindings={binding}"])
-    _check(r.stdout, r.returncode, model_dir, words, role="launch", model_dir=model_dir)
+    _check_run(r, model_dir, words, role="launch")
 
 
 def test_gin_file_with_a_syntax_error(model_dir, tmp_path):
     broken = tmp_path / "broken.gin"
     broken.write_text("train.train_steps = (10,\n")
     r = _train(*_mnist("one_device", model_dir), f"--gin_file={broken}")
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["bad gin configuration", "unclosed bracket"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["bad gin configuration", "unclosed bracket"])
 
 
 def test_trainer_cls_unset(model_dir):
     r = _train(strategy_gin("one_device"), f"--model_dir={model_dir}")
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["train.trainer_cls is not set", "@MyTrainer"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["train.trainer_cls is not set", "@MyTrainer"])
 
 
 def test_bad_module(model_dir):
     r = _train(*_mnist("one_device", model_dir), "--module=no_such_user_module")
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["--module no_such_user_module", "could not be imported"],
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, ["--module no_such_user_module", "could not be imported"])
 
 
 # -- strategy versus cluster -----------------------------------------------------------
@@ -313,25 +275,18 @@ def test_parameter_server_without_ps_by_hand(model_dir):
     r = _train(
         *_mnist("parameter_server", model_dir), tf_config_text=tf_config(cluster, "chief", 0)
     )
-    _check(
-        r.stdout,
-        r.returncode,
+    _check_run(
+        r,
         model_dir,
         ["parameter_server needs at least one ps task", "add ps tasks"],
         role="chief:0",
-        model_dir=model_dir,
     )
 
 
 def test_parameter_server_without_ps_via_launcher(model_dir):
     r = _launch(["--num_ps=0"], _mnist("parameter_server", model_dir))
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["parameter_server needs at least one ps task", "--num_ps"],
-        role="launch",
-        model_dir=model_dir,
+    _check_run(
+        r, model_dir, ["parameter_server needs at least one ps task", "--num_ps"], role="launch"
     )
 
 
@@ -340,13 +295,8 @@ def test_multi_worker_mirrored_with_a_ps_job(model_dir):
     r = _train(
         *_mnist("multi_worker_mirrored", model_dir), tf_config_text=tf_config(cluster, "worker", 0)
     )
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        ["multi_worker_mirrored", "ps job", "remove the ps tasks"],
-        role="worker:0",
-        model_dir=model_dir,
+    _check_run(
+        r, model_dir, ["multi_worker_mirrored", "ps job", "remove the ps tasks"], role="worker:0"
     )
 
 
@@ -362,34 +312,34 @@ def test_port_already_in_use(model_dir):
         r = _train(
             *_mnist("parameter_server", model_dir), tf_config_text=tf_config(cluster, "ps", 0)
         )
-    _check(
-        r.stdout,
-        r.returncode,
-        model_dir,
-        [f"port {port}", "ps:0", "already in use"],
-        role="ps:0",
-        model_dir=model_dir,
-    )
+    _check_run(r, model_dir, [f"port {port}", "ps:0", "already in use"], role="ps:0")
+
+
+def _started_alone(
+    cluster: dict[str, list[str]], task_type: str, strategy: str, model_dir: str, log_dir: str
+) -> tuple[int, str]:
+    """Starts only `task_type`:0 of `cluster` (its peers never start; --startup_timeout_s=3) and
+    waits for it to give up; returns its exit code and its log."""
+    hand = HandCluster(cluster, _mnist(strategy, model_dir, "--startup_timeout_s=3"), log_dir)
+    try:
+        hand.start(task_type, 0)
+        code = hand.wait(f"{task_type}:0", timeout=120)
+    finally:
+        hand.kill_all()
+    return code, hand.log(f"{task_type}:0")
 
 
 @pytest.mark.cluster
 def test_parameter_server_chief_whose_peers_never_start(model_dir, tmp_path):
     cluster = free_port_cluster({"chief": 1, "worker": 2, "ps": 1})
-    hand = HandCluster(
-        cluster, _mnist("parameter_server", model_dir, "--startup_timeout_s=3"), str(tmp_path)
-    )
-    try:
-        hand.start("chief", 0)
-        code = hand.wait("chief:0", timeout=120)
-    finally:
-        hand.kill_all()
+    code, log = _started_alone(cluster, "chief", "parameter_server", model_dir, str(tmp_path))
     missing = [
         f"worker:0 at {cluster['worker'][0]}",
         f"worker:1 at {cluster['worker'][1]}",
         f"ps:0 at {cluster['ps'][0]}",
     ]
     message = _check(
-        hand.log("chief:0"),
+        log,
         code,
         model_dir,
         [*missing, "never answered within 3s", "start those tasks"],
@@ -402,16 +352,9 @@ def test_parameter_server_chief_whose_peers_never_start(model_dir, tmp_path):
 @pytest.mark.cluster
 def test_multi_worker_mirrored_worker_whose_peer_never_starts(model_dir, tmp_path):
     cluster = free_port_cluster({"worker": 2})
-    hand = HandCluster(
-        cluster, _mnist("multi_worker_mirrored", model_dir, "--startup_timeout_s=3"), str(tmp_path)
-    )
-    try:
-        hand.start("worker", 0)
-        code = hand.wait("worker:0", timeout=120)
-    finally:
-        hand.kill_all()
+    code, log = _started_alone(cluster, "worker", "multi_worker_mirrored", model_dir, str(tmp_path))
     _check(
-        hand.log("worker:0"),
+        log,
         code,
         model_dir,
         [f"worker:1 at {cluster['worker'][1]}", "never answered within 3s", "start that task"],

@@ -14,6 +14,8 @@ _LAZY = {
     "shard": ("tfdist_trainer.trainers.data", "shard"),
     "KerasTrainer": ("tfdist_trainer.trainers.keras_trainer", "KerasTrainer"),
     "train": ("tfdist_trainer.api", "train"),
+    "evaluate": ("tfdist_trainer.api", "evaluate"),
+    "export": ("tfdist_trainer.api", "export"),
 }
 
 __all__ = sorted(_LAZY)

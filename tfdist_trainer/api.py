@@ -109,3 +109,72 @@ def train(
         keras.mixed_precision.set_global_policy(previous_policy)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _experiment_for_checkpoint(
+    what: str,
+    trainer_cls: type | None,
+    model_dir: str | os.PathLike,
+    gin_files: Sequence[str],
+    gin_bindings: Sequence[str],
+    modules: Sequence[str],
+):
+    """(model_dir, experiment) for evaluate/export: the same gin the run trained with."""
+    from tfdist_trainer.io import model_dir as model_dir_lib
+    from tfdist_trainer.plan import gin_config as config_lib
+
+    model_dir = os.fspath(model_dir) if model_dir else ""
+    model_dir_lib.check(
+        model_dir,
+        name="model_dir",
+        missing=f"tfdist_trainer.{what} needs model_dir=..., the run whose checkpoint to read.",
+    )
+    overrides = {} if trainer_cls is None else {"trainer_cls": trainer_cls}
+    return model_dir, config_lib.load_experiment(
+        list(gin_files), list(gin_bindings), list(modules), **overrides
+    )
+
+
+def evaluate(
+    trainer_cls: type | None = None,
+    *,
+    model_dir: str | os.PathLike,
+    checkpoint: str | None = None,
+    gin_files: Sequence[str] = (),
+    gin_bindings: Sequence[str] = (),
+    modules: Sequence[str] = (),
+) -> dict[str, float]:
+    """Evaluates one checkpoint once (`tfdist-train --mode=evaluate`); returns {eval_<name>: value}.
+
+    `checkpoint` is a prefix (default: model_dir's newest). The evaluation is logged and
+    appended to model_dir's metrics.jsonl. A model_dir with no checkpoint, or a checkpoint
+    of another model, raises ConfigError.
+    """
+    model_dir, experiment = _experiment_for_checkpoint(
+        "evaluate", trainer_cls, model_dir, gin_files, gin_bindings, modules
+    )
+    from tfdist_trainer.runtime import checkpoint_actions
+
+    return checkpoint_actions.evaluate_checkpoint(experiment, model_dir, checkpoint)
+
+
+def export(
+    trainer_cls: type | None = None,
+    *,
+    model_dir: str | os.PathLike,
+    checkpoint: str | None = None,
+    export_dir: str | None = None,
+    gin_files: Sequence[str] = (),
+    gin_bindings: Sequence[str] = (),
+    modules: Sequence[str] = (),
+) -> str:
+    """Writes a SavedModel with its serving signature from one checkpoint (`--mode=export`).
+
+    Returns its path (default: model_dir/export/<checkpoint name>).
+    """
+    model_dir, experiment = _experiment_for_checkpoint(
+        "export", trainer_cls, model_dir, gin_files, gin_bindings, modules
+    )
+    from tfdist_trainer.runtime import checkpoint_actions
+
+    return checkpoint_actions.export_checkpoint(experiment, model_dir, checkpoint, export_dir)

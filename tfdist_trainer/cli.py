@@ -47,8 +47,8 @@ flags.DEFINE_string("evaluator_host", None, "Classic cluster flags: host:port of
 flags.DEFINE_string(
     "dispatcher_host",
     None,
-    "Classic cluster flags: host:port of the tf.data service dispatcher "
-    "(parameter_server.data_service=True).",
+    "Classic cluster flags: host:port of the tf.data service dispatcher. Only with "
+    "parameter_server.data_service=True.",
 )
 flags.DEFINE_float(
     "startup_timeout_s", 120.0, "How long to wait for peer tasks before naming those missing."
@@ -56,14 +56,16 @@ flags.DEFINE_float(
 flags.DEFINE_float(
     "chief_gone_grace_s",
     60.0,
-    "A serving task gives up on a chief that has been unreachable this long without marking "
-    "training done, and exits with the retryable code 201 (0: wait forever).",
+    "How long a serving task waits for an unreachable chief (0: forever). A serving task gives "
+    "up on a chief that has been unreachable this long without marking training done, and exits "
+    "with the retryable code 201.",
 )
 flags.DEFINE_float(
     "preemption_grace_s",
     markers.DEFAULT_PREEMPTION_GRACE_S,
-    "A parameter_server ps that gets SIGTERM serves on until the chief has saved a checkpoint of "
-    "its variables, at most this long; keep it below the time between SIGTERM and SIGKILL "
+    "How long a preempted ps serves on for the chief to save its variables. A parameter_server "
+    "ps that gets SIGTERM serves on until the chief has saved a checkpoint of its variables, at "
+    "most this long; keep it below the time between SIGTERM and SIGKILL "
     "(Kubernetes: terminationGracePeriodSeconds, which tfdist-launch --emit=k8s sets from "
     "--k8s_grace_s, 60 s).",
 )
@@ -71,6 +73,59 @@ flags.DEFINE_float(
     "evaluator_timeout_s",
     3600.0,
     "The evaluator gives up after this long without a new checkpoint.",
+)
+
+
+flags.DEFINE_enum(
+    "mode",
+    "train",
+    ["train", "evaluate", "export"],
+    "train: what the task's role does in the cluster. evaluate: evaluate one checkpoint once "
+    "(--checkpoint, default the newest in --model_dir), print and record the metrics. export: "
+    "write a SavedModel with its serving signature from that checkpoint. Both run in this one "
+    "process, without a cluster.",
+)
+flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "--mode=evaluate/export: a checkpoint prefix (default: --model_dir's newest).",
+)
+flags.DEFINE_string(
+    "export_dir", None, "--mode=export: where to write (default: <model_dir>/export/<checkpoint>)."
+)
+
+
+#: `tfdist-train --help`: the flags above, grouped (a flag in no group is listed under "other").
+HELP_USAGE = """usage: tfdist-train --gin_file=... [--gin_bindings=...] --model_dir=... [cluster flags]
+
+One task of a cluster; every task runs the same command. The cluster comes from TF_CONFIG
+(Kubernetes, Kubeflow) or from the classic flags; a lone process needs neither."""
+HELP_GROUPS = (
+    (
+        "what to run",
+        ("gin_file", "gin_bindings", "module", "model_dir", "mode", "checkpoint", "export_dir"),
+    ),
+    (
+        "the cluster (instead of TF_CONFIG)",
+        (
+            "job_name",
+            "task_index",
+            "chief_host",
+            "worker_hosts",
+            "ps_hosts",
+            "evaluator_host",
+            "dispatcher_host",
+            "startup_timeout_s",
+        ),
+    ),
+    ("fault tolerance", ("chief_gone_grace_s", "preemption_grace_s", "evaluator_timeout_s")),
+)
+HELP_EXAMPLES = (
+    "tfdist-train --gin_file=my_project/train.gin --gin_file=strategies/mirrored.gin "
+    "--model_dir=/tmp/run1",
+    "tfdist-train --job_name=worker --task_index=1 --chief_host=h0:2222 --ps_hosts=h1:2222 "
+    "--worker_hosts=h2:2222,h3:2222 --gin_file=my_project/train.gin "
+    "--gin_file=strategies/parameter_server.gin --model_dir=gs://bucket/run2",
 )
 
 
@@ -101,6 +156,9 @@ def main(argv: list[str]) -> None:
     from tfdist_trainer.plan import network
     from tfdist_trainer.runtime.logs import set_role
 
+    if FLAGS.mode != "train":
+        _checkpoint_mode(FLAGS.mode)
+        return
     network.set_grpc_environment()
     role = "tfdist-train"
     try:
@@ -180,6 +238,31 @@ def main(argv: list[str]) -> None:
         _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=hard)
 
 
+def _checkpoint_mode(mode: str) -> None:
+    """--mode=evaluate or export: one checkpoint, in this process, whatever TF_CONFIG says."""
+    from tfdist_trainer.io import model_dir as model_dir_lib
+    from tfdist_trainer.runtime.logs import set_role
+
+    role = "local"
+    set_role(role)
+    os.environ.pop("TF_CONFIG", None)  # no cluster: the model reads the checkpoint in this process
+    try:
+        model_dir_lib.check(FLAGS.model_dir)
+        from tfdist_trainer.plan.gin_config import load_experiment
+
+        experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
+        from tfdist_trainer.runtime import checkpoint_actions
+
+        if mode == "evaluate":
+            checkpoint_actions.evaluate_checkpoint(experiment, FLAGS.model_dir, FLAGS.checkpoint)
+        else:
+            checkpoint_actions.export_checkpoint(
+                experiment, FLAGS.model_dir, FLAGS.checkpoint, FLAGS.export_dir
+            )
+    except errors.TfdistError as e:
+        _fail(role, str(e).strip().splitlines()[0], e.exit_code)
+
+
 def _run_action(action, experiment, cluster, strategy_config) -> None:
     """The task's job: serve (ps, parameter_server worker, dispatcher), evaluate, or train."""
     if action is Action.SERVE:
@@ -212,7 +295,16 @@ def run() -> None:
     """Console-script entry point."""
     from tfdist_trainer.plan.gin_config import one_line_flags_parser
 
-    app.run(main, flags_parser=one_line_flags_parser("tfdist-train", EXIT_CONFIG))
+    app.run(
+        main,
+        flags_parser=one_line_flags_parser(
+            "tfdist-train",
+            EXIT_CONFIG,
+            usage=HELP_USAGE,
+            groups=HELP_GROUPS,
+            examples=HELP_EXAMPLES,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -201,6 +201,19 @@ def wrap_deferred_initializer(variable: Any, scope: Callable[[], AbstractContext
     return True
 
 
+def moving_averages(optimizer: Any) -> list:
+    """The EMA copies of the model's variables a `use_ema=True` optimizer keeps, in the order of the
+    variables it was built for (`BaseOptimizer._model_variables_moving_average`); [] otherwise.
+
+    Keras exposes them only through `finalize_variable_values`, which overwrites the
+    model's weights for good (what `fit` does at its end); evaluating or exporting the
+    averages during training, then going on with the raw weights, needs the copies.
+    """
+    if not getattr(optimizer, "use_ema", False):
+        return []
+    return list(getattr(optimizer, "_model_variables_moving_average", None) or [])
+
+
 def sublayers(layer: Any, *, include_self: bool = False, recursive: bool = True) -> list:
     """The layers nested in a Keras layer (`Layer._flatten_layers`), depth-first; [] for a non-layer.
 

@@ -89,6 +89,8 @@ def _run(strategy: str, root: str, prepared: prepare.Prepared, say) -> dict:
         "-m",
         "tfdist_trainer.launch.main",
         *launch_args,
+        # absl's header on task lines: the demo picks progress lines by their source file
+        "--console_format=absl",
         *(["--console_chatter"] if FLAGS.verbose else []),
         "--",
         f"--gin_file={REPO}/configs/mnist.gin",

@@ -28,6 +28,7 @@ from tfdist_trainer.hooks.checkpointing import CheckpointHook
 from tfdist_trainer.hooks.evaluation import EvalHook
 from tfdist_trainer.hooks.export import ExportSavedModel
 from tfdist_trainer.hooks.nan_guard import NanGuard
+from tfdist_trainer.hooks.profiler import Profiler
 from tfdist_trainer.hooks.progress import ProgressLogger
 from tfdist_trainer.hooks.stopping import EarlyStopping, StopAtStep
 
@@ -40,6 +41,7 @@ __all__ = [
     "ExportSavedModel",
     "Hook",
     "NanGuard",
+    "Profiler",
     "ProgressLogger",
     "SideCarEvaluation",
     "StopAtStep",

@@ -38,6 +38,12 @@ class Hook:
     def after_side_car_eval(self, evaluation: SideCarEvaluation) -> None:
         """Called by the evaluator side-car after each checkpoint it evaluated (never on training tasks)."""
 
+    def next_stop(self, step: int) -> int | None:
+        """The first step after `step` where a loop must end for this hook (None: none)."""
+        if not self.every_n_steps:
+            return None
+        return (step // self.every_n_steps + 1) * self.every_n_steps
+
     def _due(self, step: int) -> bool:
         return bool(self.every_n_steps) and step % self.every_n_steps == 0
 

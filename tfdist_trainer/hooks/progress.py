@@ -57,13 +57,20 @@ class ProgressLogger(Hook):
         self._loss_sum, self._loss_steps = 0.0, 0
         eta = (run.target_step - run.step) / steps_per_s
         peaks = run.peak_memory()
+        # A step is one optimizer update: with gradient accumulation it takes k batches.
+        k = run.experiment.gradient_accumulation_steps
+        examples_per_s = steps_per_s * run.trainer.global_batch_size * k
+        learning_rate = run.learning_rate()
+        lr = {} if learning_rate is None else {"learning_rate": learning_rate}
         run.log_info(
-            "step %d/%d %s steps/s=%.1f examples/s=%.0f ETA=%.0fs %s%s",
+            "step %d/%d%s %s%s steps/s=%.1f examples/s=%.0f ETA=%.0fs %s%s",
             run.step,
             run.target_step,
+            f" (x{k} batches)" if k > 1 else "",
             format_values(values),
+            f" lr={learning_rate:.3g}" if learning_rate is not None else "",
             steps_per_s,
-            steps_per_s * run.trainer.global_batch_size,
+            examples_per_s,
             eta,
             format_peak_memory(peaks),
             format_tags(run.tags),
@@ -72,8 +79,9 @@ class ProgressLogger(Hook):
             kind="train",
             step=run.step,
             steps_per_s=steps_per_s,
-            examples_per_s=steps_per_s * run.trainer.global_batch_size,
+            examples_per_s=examples_per_s,
             **values,
+            **lr,
             **peaks,
             **run.tags,
         )
@@ -81,10 +89,5 @@ class ProgressLogger(Hook):
         run.summaries.scalars(
             "train",
             run.step,
-            {
-                **values,
-                "steps_per_s": steps_per_s,
-                "examples_per_s": steps_per_s * run.trainer.global_batch_size,
-                "learning_rate": run.learning_rate(),
-            },
+            {**values, **lr, "steps_per_s": steps_per_s, "examples_per_s": examples_per_s},
         )

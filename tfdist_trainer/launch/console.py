@@ -30,10 +30,11 @@ import os
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 #: absl's header, Python (``I1123 07:48:48.415137 1406...``) or C++ (``I0000 00:00:1795420114.80 5278``).
-_HEADER = re.compile(r"^(?P<level>[IWEF])\d{4} [\d:.]+\s+\d+ (?P<file>[\w.\-]+):\d+\] ?")
+_HEADER = re.compile(r"^(?P<level>[IWEF])\d{4} (?P<time>[\d:.]+)\s+\d+ (?P<file>[\w.\-]+):\d+\] ?")
 #: A role prefix the launcher or the task put in front: ``[worker:1] `` or ``[local] ``.
 _ROLE = re.compile(r"^\[(?:[\w\-]+:\d+|local)\] ")
 
@@ -64,6 +65,9 @@ TF_INFO_SOURCES = (
     "parameter_server_strategy_v2.py",
     "remote.py",  # the session config, a protobuf dump on the lines after it
     "cluster_coordinator.py",
+    # tf.train.Coordinator: "Error reported to Coordinator: <the error>", a copy of the traceback
+    # the task then dies of (the launcher prints that one once).
+    "coordinator.py",
     "functional_saver.py",
     # tf.train.checkpoints_iterator: "Waiting for new checkpoint at ...", once a second.
     "checkpoint_utils.py",
@@ -181,6 +185,64 @@ def _is_chatter(source: str | None, message: str, patterns) -> bool:
     )
 
 
+class TracebackHold:
+    """Holds a task's Python traceback back from the console until the task's fate is known.
+
+    ``feed(line)`` returns the lines to print now: none while a traceback is open (from
+    ``Traceback (most recent call last):`` on, with whatever follows it); an INFO record
+    means the task went on (an exception it logged), and releases the held lines with it.
+    When the task has ended, `held` is the traceback it died of, and `cause()` its one line.
+    The launcher prints the first failing task's traceback once, and one line for each
+    other task (several workers failing alike printed the same traceback each, interleaved).
+    Lines are kept with their role prefix, as they were fed.
+    """
+
+    def __init__(self) -> None:
+        self.held: list[str] = []
+
+    def feed(self, line: str) -> list[str]:
+        text = strip_role(line)
+        if self.held:
+            header = _HEADER.match(text)
+            if header and header.group("level") == "I":
+                return [*self.release(), line]
+            self.held.append(line)
+            return []
+        if text.startswith(_TRACEBACK):
+            self.held.append(line)
+            return []
+        return [line]
+
+    def release(self) -> list[str]:
+        held, self.held = self.held, []
+        return held
+
+    def cause(self) -> str | None:
+        """The exception line of the held traceback (the last one, in a chain), without its module
+        path: ``RuntimeError: boom``; None if nothing is held or it has no exception line yet."""
+        cause, in_frames, details = None, False, []
+        for line in self.held:
+            text = strip_role(line)
+            if text.startswith(_TRACEBACK):
+                in_frames = True
+            elif in_frames and text.strip() and not text[0].isspace():
+                cause, in_frames, details = text.strip(), False, []
+            elif cause is not None:
+                details.append(text.strip())
+        if cause is None:
+            return None
+        # TensorFlow's "TypeError: in user code:" ends in the error it wraps, indented.
+        inner = [d for d in details if _EXCEPTION_LINE.match(d)]
+        if cause.endswith(":") and inner:
+            cause = inner[-1]
+        cause = re.sub(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*(?::|$))", "", cause)
+        return cause if len(cause) <= 300 else cause[:297] + "..."
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S")
+
+
 def strip_role(line: str) -> str:
     """The line without its leading role prefix ("[worker:1] ", "[local] "), if any.
 
@@ -202,13 +264,46 @@ def strip_header(line: str) -> str:
     return (role.group(0) if role else "") + text[header.end() :]
 
 
+def short_line(line: str) -> str:
+    """A task line as the console shows it: absl's header cut to the time, and the level only for a
+    warning or worse (the task's log file keeps the whole header).
+
+    ``[chief:0] I1125 10:06:13.424594 1399 cli.py:139] step 10`` -> ``[chief:0] 10:06:13 step 10``;
+    ``[chief:0] W1125 10:06:13.4 1399 x.py:9] careful`` -> ``[chief:0] 10:06:13 W careful``. A C++
+    header (``E0000 00:00:1795608283.36 30166 context.cc:911]``: seconds since the epoch) gets
+    this machine's local time. A line without a header is returned as it is.
+    """
+    role = _ROLE.match(line)
+    text = line[role.end() :] if role else line
+    header = _HEADER.match(text)
+    if not header:
+        return line
+    hours, minutes, seconds = (header.group("time").split(":", 2) + ["", ""])[:3]
+    try:
+        if float(seconds) >= 60:  # C++: '00:00:<seconds since the epoch>'
+            clock = time.strftime("%H:%M:%S", time.localtime(float(seconds)))
+        else:
+            clock = f"{hours}:{minutes}:{seconds.split('.')[0]}"
+    except ValueError:
+        return line
+    level = header.group("level")
+    return (
+        (role.group(0) if role else "")
+        + clock
+        + ("" if level == "I" else f" {level}")
+        + " "
+        + text[header.end() :]
+    )
+
+
 @contextlib.contextmanager
-def quiet_stderr(keep: ConsoleFilter | None = None) -> Iterator[None]:
+def quiet_stderr(keep: Callable[[str], bool] | None = None) -> Iterator[None]:
     """Runs the block with this process's stderr (file descriptor 2, so TF's C++ lines too) going
     through a ConsoleFilter: known chatter is dropped, every other line is passed on as it comes.
 
-    For a process that has no log of its own (the launcher importing the user's
-    Trainer, and with it TensorFlow); the tasks' own start-up is in their logs.
+    For the launcher's own start-up (importing the user's Trainer, or checking a
+    model_dir through tf.io.gfile, starts TensorFlow); the tasks' own start-up is in
+    their logs, which have the same TensorFlow start-up lines.
     """
     keep = keep or ConsoleFilter()
     sys.stderr.flush()

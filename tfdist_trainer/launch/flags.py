@@ -28,33 +28,55 @@ flags.DEFINE_enum(
 flags.DEFINE_boolean(
     "console_chatter",
     False,
-    "Also print TensorFlow's known start-up and shutdown lines on the console (tfdist_trainer.launch.console); "
-    "the per-task logs always have every line.",
+    "Also print TensorFlow's known start-up and shutdown lines on the console. The per-task logs "
+    "always have every line; tfdist_trainer.launch.console says which lines.",
 )
-flags.DEFINE_integer("backoff_limit", 3, "Restarts allowed in the whole job before it fails.")
+flags.DEFINE_enum(
+    "console_format",
+    "short",
+    ["short", "absl"],
+    "How task lines look on the console. short: '[chief:0] 10:06:13 W message' (the time; the "
+    "level only for warnings and errors); absl: absl's whole header (level, date, time, thread, "
+    "file:line). The per-task logs always keep absl's.",
+)
+flags.DEFINE_integer(
+    "backoff_limit",
+    5,
+    "Restarts allowed within any --backoff_window_s before the job fails (spaced faults never add "
+    "up; a crash loop spends them in minutes).",
+)
+flags.DEFINE_float(
+    "backoff_window_s",
+    300.0,
+    "The window --backoff_limit counts restarts in, in seconds (> 0).",
+)
 flags.DEFINE_integer(
     "min_workers",
     None,
-    "multi_worker_mirrored: when a worker fails past the restart policy, go on with the others "
-    "from the last checkpoint (same global batch) as long as at least this many are left. "
+    "multi_worker_mirrored: go on with at least this many workers when one fails for good. When "
+    "a worker fails past the restart policy, the others go on from the last checkpoint (same "
+    "global batch) as long as at least this many are left. "
     "Default: multi_worker_mirrored.min_workers from gin (none: the job fails).",
 )
 flags.DEFINE_float(
-    "restart_backoff_s", 1.0, "Delay before the first restart; doubles with each restart."
+    "restart_backoff_s",
+    1.0,
+    "Delay before a task's first restart; doubles with each of its restarts (up to 300 s) and "
+    "starts over once it has run for 120 s.",
 )
 # -- security: a private network for the local cluster
 flags.DEFINE_boolean(
     "private_network",
     False,
-    "Run every task inside a fresh network namespace with only loopback, so that the tasks' "
-    "unauthenticated gRPC ports cannot be reached from this host's network.",
+    "Run every task in a fresh network namespace that has only loopback. The tasks' "
+    "unauthenticated gRPC ports then cannot be reached from this host's network.",
 )
 flags.DEFINE_enum(
     "private_network_via",
     "auto",
     ["auto", "netns", "unshare"],
-    "How to make the private network: netns (root and iproute2: `ip netns`), unshare (an "
-    "unprivileged user + network namespace, `unshare -rn`), or auto (netns, else unshare).",
+    "How to make the private network (auto: netns, else unshare). netns: root and iproute2 "
+    "(`ip netns`); unshare: an unprivileged user + network namespace (`unshare -rn`).",
 )
 flags.DEFINE_boolean(
     "in_private_network",
@@ -70,9 +92,9 @@ flags.DEFINE_enum(
     "k8s_flavor",
     "tfjob",
     ["tfjob", "indexed", "jobset"],
-    "tfjob: a Kubeflow TFJob (training-operator 1.9); indexed: plain Kubernetes (an Indexed Job "
-    "per task type and a headless Service); jobset: one JobSet (kubernetes-sigs/jobset), with "
-    "set-level restarts. BUILD.md, Kubernetes, compares them.",
+    "Which Kubernetes objects (BUILD.md, Kubernetes, compares them). tfjob: a Kubeflow TFJob "
+    "(training-operator 1.9); indexed: plain Kubernetes (an Indexed Job per task type and a "
+    "headless Service); jobset: one JobSet (kubernetes-sigs/jobset), with set-level restarts.",
 )
 flags.DEFINE_integer(
     "k8s_grace_s",
@@ -99,7 +121,8 @@ flags.DEFINE_string("memory", None, "Memory request and limit of every task, e.g
 flags.DEFINE_integer(
     "gpus",
     0,
-    "GPUs (nvidia.com/gpu) of every task that runs steps (not ps, not a parameter_server chief).",
+    "GPUs (nvidia.com/gpu) of every task that runs steps. Not of a ps, nor of a "
+    "parameter_server chief.",
 )
 flags.DEFINE_integer("k8s_port", 2222, "The tasks' gRPC port in the pods.")
 flags.DEFINE_string(
@@ -120,7 +143,61 @@ FORWARDED_FLAGS = (
     "backoff_limit",
     "min_workers",
     "restart_backoff_s",
+    "backoff_window_s",
     "console_chatter",
+    "console_format",
+)
+
+#: `tfdist-launch --help`: the flags above, grouped (a flag in no group is listed under "other").
+HELP_USAGE = """usage: tfdist-launch [flags] -- [tfdist-train flags: --gin_file=... --model_dir=...]
+
+A whole cluster on this machine, one process per task; the strategy in the gin files decides
+which tasks. Everything after '--' goes to every task (tfdist-train --help lists it)."""
+HELP_GROUPS = (
+    (
+        "the cluster",
+        (
+            "num_workers",
+            "num_ps",
+            "evaluator",
+            "host",
+            "startup_timeout_s",
+            "grace_s",
+            "private_network",
+            "private_network_via",
+        ),
+    ),
+    (
+        "fault tolerance",
+        ("restart_policy", "backoff_limit", "backoff_window_s", "restart_backoff_s", "min_workers"),
+    ),
+    ("the console", ("console_format", "console_chatter")),
+    (
+        "Kubernetes (manifests instead of a run)",
+        (
+            "emit",
+            "emit_file",
+            "k8s_flavor",
+            "image",
+            "image_pull_policy",
+            "k8s_name",
+            "k8s_namespace",
+            "cpu",
+            "memory",
+            "gpus",
+            "k8s_port",
+            "k8s_volume",
+            "k8s_grace_s",
+            "k8s_format",
+        ),
+    ),
+)
+HELP_EXAMPLES = (
+    "tfdist-launch --num_workers=2 --num_ps=1 --evaluator -- --gin_file=my_project/train.gin "
+    "--gin_file=strategies/parameter_server.gin --model_dir=/tmp/run2",
+    "tfdist-launch --emit=k8s --image=registry.example.com/me/train:1 --k8s_volume=runs:/runs -- "
+    "--gin_file=my_project/train.gin --gin_file=strategies/multi_worker_mirrored.gin "
+    "--model_dir=/runs/run3",
 )
 
 

@@ -38,6 +38,7 @@ from tfdist_trainer.launch import (
     supervisor,
 )
 from tfdist_trainer.launch.flags import FLAGS, passthrough_settings
+from tfdist_trainer.launch.restart_budget import RestartBudget
 from tfdist_trainer.launch.say import say
 
 
@@ -50,11 +51,17 @@ def _raise_interrupted(signum, frame):
     raise _Interrupted(signum)
 
 
+def _keep_line():
+    """Which of the launcher's own stderr lines reach the console: all with --console_chatter."""
+    return (lambda line: True) if FLAGS.console_chatter else console.ConsoleFilter()
+
+
 def main(argv: list[str]) -> None:
     train_args = argv[1:]
     settings = passthrough_settings(train_args)
     if FLAGS.emit:
-        emit.emit_manifests(train_args, settings)
+        with console.quiet_stderr(_keep_line()):  # the manifests go to stdout, never filtered
+            emit.emit_manifests(train_args, settings)
         return
     if FLAGS.private_network and not FLAGS.in_private_network:
         sys.exit(private_network.run_in_private_network(train_args))
@@ -67,15 +74,19 @@ def main(argv: list[str]) -> None:
     try:
         if FLAGS.num_workers < 0 or FLAGS.num_ps < 0:
             raise ConfigError("--num_workers and --num_ps must be >= 0.")
-        model_dir_lib.check(
-            settings.model_dir,
-            missing="--model_dir is required after '--' (the tasks share it); e.g. -- "
-            "--model_dir=/tmp/run1.",
-            shared_by="tfdist-launch runs each task in its own; use a path, file://, gs:// or s3://",
-        )
-        with console.quiet_stderr():  # the user's Trainer imports TensorFlow: its start-up lines
+        # Checking model_dir (tf.io.gfile) and the user's Trainer both import TensorFlow: its
+        # start-up lines are the same every task writes to its log.
+        with console.quiet_stderr(_keep_line()):
+            model_dir_lib.check(
+                settings.model_dir,
+                missing="--model_dir is required after '--' (the tasks share it); e.g. -- "
+                "--model_dir=/tmp/run1.",
+                shared_by="tfdist-launch runs each task in its own; use a path, file://, gs:// or "
+                "s3://",
+            )
             experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
         policy = supervisor.RestartPolicy(FLAGS.restart_policy, FLAGS.backoff_limit)
+        budget = RestartBudget(FLAGS.backoff_limit, FLAGS.backoff_window_s, FLAGS.restart_backoff_s)
         min_workers = supervisor.elastic_min_workers(
             experiment.strategy_config, FLAGS.min_workers, FLAGS.num_workers
         )
@@ -106,11 +117,12 @@ def main(argv: list[str]) -> None:
         grace_s=FLAGS.grace_s,
         strategy_config=experiment.strategy_config,
         policy=policy,
-        restart_backoff_s=FLAGS.restart_backoff_s,
+        budget=budget,
         min_workers=min_workers,
         model_dir=settings.model_dir,
     )
     local.console_chatter = FLAGS.console_chatter
+    local.console_format = FLAGS.console_format
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
     say(f"{experiment.strategy_config.name}: {', '.join(t.role for t in tasks)}")
@@ -125,15 +137,31 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         local.stop(settle_s=FLAGS.grace_s if code == 0 else 0.0)
-    say(f"job {'succeeded' if code == 0 else f'failed with exit code {code}'}")
+        local.report_late_failures()
+    incomplete = (
+        f" (evaluation incomplete: {', '.join(local.given_up)} stopped early)"
+        if local.given_up
+        else ""
+    )
+    say(f"job {'succeeded' if code == 0 else f'failed with exit code {code}'}{incomplete}")
     sys.exit(code)
 
 
 def run() -> None:
     """Console-script entry point."""
+    from tfdist_trainer.launch import flags as launch_flags
     from tfdist_trainer.plan.gin_config import one_line_flags_parser
 
-    app.run(main, flags_parser=one_line_flags_parser("launch", EXIT_CONFIG))
+    app.run(
+        main,
+        flags_parser=one_line_flags_parser(
+            "launch",
+            EXIT_CONFIG,
+            usage=launch_flags.HELP_USAGE,
+            groups=launch_flags.HELP_GROUPS,
+            examples=launch_flags.HELP_EXAMPLES,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The local process supervisor: starts, watches, restarts and tears down one job's task processes.
 
-Kubeflow's restart policies (Never, OnFailure, ExitCode) with a backoff limit; every
-task in its own process group, SIGTERM then SIGKILL after a grace period.
+Kubeflow's restart policies (Never, OnFailure, ExitCode) with a restart budget over a
+window (`restart_budget`); every task in its own process group, SIGTERM then SIGKILL
+after a grace period. A side-car (the evaluator) that is not restarted is given up
+with one warning: it never ends the training it watches.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from tfdist_trainer.errors import EXIT_PREEMPTED, ConfigError, exit_code, is_ret
 from tfdist_trainer.io import checkpoint_names, records, storage
 from tfdist_trainer.launch import console, process_group
 from tfdist_trainer.launch.local_tasks import LocalTask
+from tfdist_trainer.launch.restart_budget import RestartBudget
 from tfdist_trainer.launch.say import say
-from tfdist_trainer.plan.cluster import WORKER, tf_config_text
+from tfdist_trainer.plan.cluster import EVALUATOR, WORKER, tf_config_text
 
 
 class RestartPolicy:
@@ -78,6 +81,19 @@ def exited(role: str, code: int) -> str:
     return f"{role} exited with code {code}" + (" (preempted)" if code == EXIT_PREEMPTED else "")
 
 
+#: Longest a traceback is held back from the console while its task still runs.
+HOLD_S = 30.0
+
+
+class _Output:
+    """One task process's console output: the traceback held back from it, and whether it is read."""
+
+    def __init__(self) -> None:
+        self.hold = console.TracebackHold()
+        self.done = threading.Event()  # the process's output has been read to its end
+        self.reported = False
+
+
 class LocalCluster:
     """Starts, watches, restarts and tears down the processes of one local job."""
 
@@ -91,7 +107,7 @@ class LocalCluster:
         grace_s: float,
         strategy_config=None,
         policy: RestartPolicy | None = None,
-        restart_backoff_s: float = 1.0,
+        budget: RestartBudget | None = None,
         min_workers: int | None = None,
         model_dir: str | None = None,
     ):
@@ -104,7 +120,7 @@ class LocalCluster:
         self.grace_s = grace_s
         self.strategy_config = strategy_config
         self.policy = policy or RestartPolicy("Never", 0)
-        self.restart_backoff_s = restart_backoff_s
+        self.budget = budget or RestartBudget(self.policy.backoff_limit, 300.0, 1.0)
         self.min_workers = min_workers
         self.model_dir = model_dir
         self.restarts = 0
@@ -112,8 +128,15 @@ class LocalCluster:
         self._logs: dict[str, storage.LogCopy] = {}  # one per task, kept open across its restarts
         self._print_lock = threading.Lock()
         self.console_chatter = False  # True: every line of every task on the console, too
+        self.console_format = "short"  # "absl": task lines keep absl's whole header on the console
+        self._outputs: dict[tuple[str, int], _Output] = {}  # (role, pid) -> its console output
+        self._failure_shown = False  # the job's first failure printed its traceback
+        self._failed_roles: set[str] = set()  # tasks whose failure was reported
         self._trained = threading.Event()  # a driving task exited 0: later gRPC errors are shutdown
         self._started_at: dict[str, float] = {}
+        self._owes_startup: set[str] = set()  # (re)started tasks not yet seen listening
+        #: Side-cars given up on (their failure did not end the job): one line each in the summary.
+        self.given_up: list[str] = []
 
     def start(self) -> None:
         storage.make_private_dir(self.log_dir)
@@ -141,6 +164,7 @@ class LocalCluster:
             start_new_session=True,
         )
         self._started_at[task.role] = time.monotonic()
+        self._owes_startup.add(task.role)
         reader = threading.Thread(target=self._pump, args=(task, task.process), daemon=True)
         reader.start()
         self._readers.append(reader)
@@ -150,32 +174,100 @@ class LocalCluster:
         )
 
     def _pump(self, task: LocalTask, process: subprocess.Popen) -> None:
+        """Copies the task's output to its log, and the lines the console filter keeps to the
+        console (in `console_format`). A traceback is held back until the task's fate is known:
+        the failure report (`_report_failure`) prints it once for the whole job."""
         # A lone process calls itself 'local'; a cluster task already prints its own role.
         own_prefixes = (f"[{task.role}]", "[local]")
         log = self._logs[task.role]
         shown = console.ConsoleFilter(job_finished=self._trained.is_set)
-        for raw in iter(process.stdout.readline, b""):
-            if log is not None:
-                try:
-                    log.write(raw)
-                except Exception as e:  # noqa: BLE001  (the task's output must keep flowing: never block its pipe)
-                    say(
-                        f"cannot write {task.log_path} ({type(e).__name__}: {str(e).strip()[:200]}); "
-                        f"{task.role}'s output goes on here only"
-                    )
-                    log = None
-            line = raw.decode(errors="replace").rstrip("\n")
-            if not line.startswith(own_prefixes):
-                line = f"[{task.role}] {line}"
-            # known TF chatter: the log file only
-            if not shown(console.strip_role(line)) and not self.console_chatter:
-                continue
+        output = self._output_of(task.role, process)
+        try:
+            for raw in iter(process.stdout.readline, b""):
+                if log is not None:
+                    try:
+                        log.write(raw)
+                    except Exception as e:  # noqa: BLE001  (the task's output must keep flowing: never block its pipe)
+                        say(
+                            f"cannot write {task.log_path} ({type(e).__name__}: {str(e).strip()[:200]}); "
+                            f"{task.role}'s output goes on here only"
+                        )
+                        log = None
+                line = raw.decode(errors="replace").rstrip("\n")
+                if not line.startswith(own_prefixes):
+                    line = f"[{task.role}] {line}"
+                # known TF chatter: the log file only
+                if not shown(console.strip_role(line)) and not self.console_chatter:
+                    continue
+                with self._print_lock:
+                    held_before = bool(output.hold.held)
+                    self._write(output.hold.feed(line))
+                    if output.hold.held and not held_before:  # a traceback starts
+                        timer = threading.Timer(HOLD_S, self._release_if_running, (output, process))
+                        timer.daemon = True
+                        timer.start()
+            if process.wait() == 0:  # a traceback the task survived: as it came
+                self._print(output.hold.release())
+        finally:
+            output.done.set()
+
+    def _release_if_running(self, output: _Output, process: subprocess.Popen) -> None:
+        """A traceback held for HOLD_S while its task runs on (a thread's, or a hang): print it."""
+        with self._print_lock:
+            if process.poll() is None and not output.done.is_set():
+                self._write(output.hold.release())
+
+    def _output_of(self, role: str, process: subprocess.Popen) -> _Output:
+        with self._print_lock:
+            return self._outputs.setdefault((role, process.pid), _Output())
+
+    def _print(self, lines: list[str]) -> None:
+        if lines:
             with self._print_lock:
-                print(line, flush=True)
+                self._write(lines)
+
+    def _write(self, lines: list[str]) -> None:
+        """Prints task lines as the console shows them; the caller holds `_print_lock`."""
+        if not lines:
+            return
+        if self.console_format == "short":
+            lines = [console.short_line(line) for line in lines]
+        print("\n".join(lines), flush=True)
+
+    def _report_failure(self, task: LocalTask) -> None:
+        """A task that died of a traceback: for the job's first such failure one line with its
+        cause and then the traceback, for any later one (another worker failing alike, a
+        restarted task failing again) one line; every traceback is in the task's log."""
+        output = self._output_of(task.role, task.process)
+        output.done.wait(timeout=5)  # its pump has read the last lines the task wrote
+        with self._print_lock:
+            if output.reported or not output.hold.held:
+                return
+            output.reported = True
+            cause = output.hold.cause() or "a Python traceback"
+            held = output.hold.release()
+            if self._failure_shown:
+                again = "again" if task.role in self._failed_roles else "too"
+                self._failed_roles.add(task.role)
+                say(f"{task.role} failed {again}: {cause} (traceback: {task.log_path})")
+                return
+            self._failure_shown = True
+            self._failed_roles.add(task.role)
+            say(f"{task.role} failed: {cause} (traceback: {task.log_path})")
+            self._write(held)
+
+    def report_late_failures(self) -> None:
+        """After the cluster is torn down: one line for each task that died of a traceback since the
+        job's end was decided (the failure that decided it has been reported already)."""
+        for task in self.tasks:
+            if task.process is not None and task.process.poll() not in (None, 0):
+                self._report_failure(task)
 
     def _failed(self, task: LocalTask, code: int) -> int | None:
         """Restarts the failed task's group when the policy allows, or goes on without a task the
         strategy can lose (a parameter_server worker); else returns the job's exit code."""
+        self._report_failure(task)
+        ran_for_s = time.monotonic() - self._started_at[task.role]
         needed = (
             self.strategy_config is not None
             and self.strategy_config.must_come_back(task.task_type)
@@ -188,12 +280,20 @@ class LocalCluster:
                 f"waits for its tf.data worker; parameter_server.data_service), whatever the "
                 f"{self.policy.name} policy"
             )
-        elif not self.policy.retries(code) or self.restarts >= self.policy.backoff_limit:
+        elif not self.policy.retries(code) or self.budget.exhausted():
             why = (
                 f"the {self.policy.name} policy does not retry it"
                 if not self.policy.retries(code)
-                else f"the backoff limit of {self.policy.backoff_limit} restarts is reached"
+                else self.budget.why_exhausted(task.role, ran_for_s)
             )
+            if task.task_type == EVALUATOR:
+                # A side-car whose only job is evaluation never ends the training it watches.
+                say(
+                    f"evaluation stopped: {exited(task.role, code)} and is not restarted ({why}); "
+                    f"training goes on without it (its log: {task.log_path})"
+                )
+                self.given_up.append(task.role)
+                return None
             if self.strategy_config is not None and self.strategy_config.survives_loss_of(
                 task.task_type
             ):
@@ -228,11 +328,16 @@ class LocalCluster:
             else [task.role]
         )
         self.restarts += 1
-        delay = self.restart_backoff_s * 2 ** (self.restarts - 1)
-        limit = NEEDED_TASK_RESTARTS if needed else self.policy.backoff_limit
+        delay = self.budget.take(task.role, ran_for_s)
+        budget = (
+            f"restart {self.restarts}/{NEEDED_TASK_RESTARTS}"
+            if needed
+            else f"restart {self.budget.recent()}/{self.budget.limit} within "
+            f"{self.budget.window_s:g}s"
+        )
         say(
             f"{exited(task.role, code)}; restarting {', '.join(group)} in {delay:g}s "
-            f"(restart {self.restarts}/{limit}, policy {self.policy.name})"
+            f"({budget}, policy {self.policy.name})"
         )
         members = [t for t in self.tasks if t.role in group]
         self._terminate(members, grace_s=min(self.grace_s, 2.0))
@@ -288,32 +393,35 @@ class LocalCluster:
         from tfdist_trainer.plan.cluster import TaskAddress
         from tfdist_trainer.plan.network import is_listening
 
-        up: set[str] = set()
         while True:
             for task in self.tasks:
                 if task.returncode is None and task.process.poll() is not None:
                     task.returncode = task.process.returncode
                     if task.returncode != 0:
-                        up.discard(task.role)
+                        self._owes_startup.discard(task.role)
                         code = self._failed(task, exit_code(task.returncode))
                         if code is not None:
                             return code
-                        up.difference_update(t.role for t in self.tasks if t.returncode is None)
                         break
                     say(f"{task.role} finished")
                     if task.drives:
                         self._trained.set()
-            if all(t.returncode == 0 for t in self.tasks if t.drives):
+            if all(
+                t.returncode == 0 for t in self.tasks if t.drives and t.role not in self.given_up
+            ):
                 return 0
+            # Only a task (re)started since it was last seen listening owes a start-up: one
+            # that was not restarted keeps the time it came up (a restart of another task must
+            # not make an evaluator that started long ago miss the deadline).
             for task in self.tasks:
                 if (
                     not (task.listens_early and task.address)
-                    or task.role in up
+                    or task.role not in self._owes_startup
                     or task.returncode is not None
                 ):
                     continue
                 if is_listening(TaskAddress(task.task_type, task.index, task.address), timeout=0.2):
-                    up.add(task.role)
+                    self._owes_startup.discard(task.role)
                 elif time.monotonic() - self._started_at[task.role] > startup_timeout_s:
                     say(
                         f"{task.role} at {task.address} did not come up within {startup_timeout_s:g}s; "

@@ -161,6 +161,24 @@ def batch_norm_layers(model: Any) -> list[str]:
     ]
 
 
+def warn_pipelined_batch_norm(trainer: Any, num_micro_batches: int) -> None:
+    """Says once that pipelined BatchNormalization normalises each micro-batch on its own."""
+    found = batch_norm_layers(trainer.model) if num_micro_batches > 1 else []
+    if found:
+        from absl import logging
+
+        logging.warning(
+            "model_parallel.num_micro_batches=%d with %d BatchNormalization layer(s) (%s%s): each "
+            "micro-batch is normalised with its own statistics (as in GPipe), so the model trains "
+            "differently than unpipelined; set model_parallel.num_micro_batches = 1 to keep "
+            "whole-batch statistics.",
+            num_micro_batches,
+            len(found),
+            ", ".join(found[:3]),
+            ", ..." if len(found) > 3 else "",
+        )
+
+
 def make_train_step(
     trainer: Any,
     *,
@@ -169,21 +187,7 @@ def make_train_step(
     log: Callable[[str], None] | None = None,
 ) -> Callable:
     """The per-replica step: forward over the placed layers (per micro-batch), backward, one update."""
-    if num_micro_batches > 1:
-        found = batch_norm_layers(trainer.model)
-        if found:
-            from absl import logging
-
-            logging.warning(
-                "model_parallel.num_micro_batches=%d with %d BatchNormalization layer(s) (%s%s): each "
-                "micro-batch is normalised with its own statistics (as in GPipe), so the model trains "
-                "differently than unpipelined; set model_parallel.num_micro_batches = 1 to keep "
-                "whole-batch statistics.",
-                num_micro_batches,
-                len(found),
-                ", ".join(found[:3]),
-                ", ..." if len(found) > 3 else "",
-            )
+    warn_pipelined_batch_norm(trainer, num_micro_batches)
     if trainer.overrides("train_step"):
         name = type(trainer).__name__
         if num_micro_batches > 1:
@@ -199,13 +203,30 @@ def make_train_step(
             )
         return trainer.train_step
 
+    gradients_of = make_gradients_fn(
+        trainer, num_micro_batches=num_micro_batches, loss_device=loss_device
+    )
+
     def train_step(batch):
-        loss, gradients, outputs = compute_gradients(
-            trainer, batch, num_micro_batches=num_micro_batches, loss_device=loss_device
-        )
-        trainer.optimizer.apply_gradients(zip(gradients, trainer.model.trainable_variables))
-        for labels, predictions, sample_weight in outputs:
-            trainer.update_metrics(trainer.train_metrics, labels, predictions, sample_weight)
+        loss, gradients = gradients_of(batch)
+        trainer.apply_gradients(gradients)
         return loss
 
     return train_step
+
+
+def make_gradients_fn(
+    trainer: Any, *, num_micro_batches: int, loss_device: str | None
+) -> Callable[[Any], tuple[Any, list]]:
+    """batch -> (loss, gradients) over the placed layers, train metrics updated: what
+    `train.gradient_accumulation_steps` calls once per batch (each pipelined over micro-batches)."""
+
+    def gradients_of(batch):
+        loss, gradients, outputs = compute_gradients(
+            trainer, batch, num_micro_batches=num_micro_batches, loss_device=loss_device
+        )
+        for labels, predictions, sample_weight in outputs:
+            trainer.update_metrics(trainer.train_metrics, labels, predictions, sample_weight)
+        return loss, gradients
+
+    return gradients_of

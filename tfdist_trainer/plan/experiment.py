@@ -42,6 +42,9 @@ class Experiment:
         scaling: the optimizer is wrapped in keras.optimizers.LossScaleOptimizer).
       warm_start: None, or @WarmStart(): a fresh model_dir starts from another run's weights
         (see tfdist_trainer/plan/warm_start.py).
+      gradient_accumulation_steps: k > 1 sums the gradients of k consecutive batches of each
+        replica into one optimizer update (the update of one batch k times larger; one
+        all-reduce per update); a step, and train_steps, count updates.
     """
 
     def __init__(
@@ -60,6 +63,8 @@ class Experiment:
         jit_compile: bool = False,
         mixed_precision: str | None = None,
         warm_start: Any = None,
+        gradient_accumulation_steps: int = 1,
+        profile_steps: Sequence[int] | None = None,
     ):
         if trainer_cls is None:
             raise ConfigError(
@@ -73,6 +78,7 @@ class Experiment:
             ("train_steps", train_steps),
             ("log_every_n_steps", log_every_n_steps),
             ("keep_checkpoints", keep_checkpoints),
+            ("gradient_accumulation_steps", gradient_accumulation_steps),
         ):
             checks.positive_int(f"train.{name}", value)
         if mixed_precision not in (None, "mixed_bfloat16", "mixed_float16"):
@@ -109,8 +115,26 @@ class Experiment:
             checkpoint_every_n_steps=checkpoint_every_n_steps,
             eval_every_n_steps=eval_every_n_steps,
         ) + hooks_lib.as_hooks(extra_hooks)
+        if profile_steps is not None:
+            self.hooks.append(hooks_lib.Profiler(*_profile_range(profile_steps, train_steps)))
         self.seed = seed
+        self.gradient_accumulation_steps = gradient_accumulation_steps
         self.warm_start = warm_start_lib.as_warm_start(warm_start)
+
+
+def _profile_range(value: Any, train_steps: int) -> tuple[int, int]:
+    """(first, last) of train.profile_steps, checked against train.train_steps."""
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(checks.is_positive_int(v) for v in value)
+        and value[0] <= value[1] <= train_steps
+    ):
+        return int(value[0]), int(value[1])
+    raise ConfigError(
+        f"train.profile_steps must be (first, last) with 1 <= first <= last <= "
+        f"train.train_steps={train_steps}, got {value!r}."
+    )
 
 
 def _is_trainer(cls: type) -> bool:

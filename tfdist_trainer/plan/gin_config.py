@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import sys
 import tokenize
 from collections.abc import Sequence
@@ -168,16 +169,90 @@ def load_experiment(
         raise ConfigError(message) from None
 
 
-def one_line_flags_parser(program: str, exit_code: int = 2):
-    """absl's flag parser, except that a bad flag is one line and `exit_code` (absl prints two and exits 1)."""
+def one_line_flags_parser(
+    program: str,
+    exit_code: int = 2,
+    *,
+    usage: str = "",
+    groups: Sequence[tuple[str, Sequence[str]]] = (),
+    examples: Sequence[str] = (),
+):
+    """absl's flag parser, except that a bad flag is one line and `exit_code` (absl prints two and
+    exits 1), and that --help (-h, -?, --helpshort) lists the program's own flags and exits 0.
+
+    The help has `usage`, then `groups`: (title, flag names) pairs, one line per flag (its
+    default and the first sentence of its help); a flag of the same modules in no group (a
+    new one) is listed under "other", an `Internal:` one never. Then the `examples`, and a
+    pointer to --helpfull, which stays absl's (every flag of every module). Only the
+    arguments before a `--` are the program's own: after it, --help is a task's.
+    """
     from absl import flags
 
+    help_args = {"--help", "-help", "--helpshort", "-helpshort", "-h", "-?"}
+
+    def flag_line(flag) -> tuple[str, str]:
+        name = f"--{flag.name}"
+        if flag.flag_type() == "bool":
+            name = f"--[no]{flag.name}" if flag.default else name
+        elif flag.default not in (None, "", []):
+            default = flag.default
+            if isinstance(default, list):
+                name += "=" + ",".join(map(str, default))
+            else:
+                name += f"={default:g}" if isinstance(default, float) else f"={default}"
+        else:
+            name += "=..."
+        # absl's additions: an enum's "<a|b>: " in front, a multi flag's "; repeat this option ...".
+        text = re.sub(
+            r"^<[^>]*>: |;\s*repeat this option to specify a list of values$", "", flag.help
+        )
+        text = " ".join(text.split())
+        # The first sentence: up to the first '. ' that does not end an abbreviation (e.g., i.e.).
+        sentence = re.match(r"(.*?(?<!e\.g)(?<!i\.e)\.)(?:\s|$)", text)
+        text = sentence.group(1) if sentence else text
+        values = getattr(flag.parser, "enum_values", None)
+        return name, f"{text} [{'|'.join(values)}]" if values else text
+
+    def short_help() -> str:
+        listed = {name for _, names in groups for name in names}
+        modules = {flags.FLAGS.find_module_defining_flag(name) for name in listed}
+        other = [
+            flag.name
+            for module in sorted(m for m in modules if m)
+            for flag in flags.FLAGS.flags_by_module_dict().get(module, [])
+            if flag.name not in listed and not flag.help.startswith(("Alias for --", "Internal:"))
+        ]
+        sections = [*groups, *([("other", other)] if other else [])]
+        rows = [
+            (title, [flag_line(flags.FLAGS[name]) for name in names if name in flags.FLAGS])
+            for title, names in sections
+        ]
+        width = min(32, max((len(n) for _, lines in rows for n, _ in lines), default=0))
+        out = [usage.strip(), ""]
+        for title, lines in rows:
+            out.append(f"{title}:")
+            for name, text in lines:
+                pad = " " * (width - len(name)) if len(name) <= width else "\n" + " " * (width + 4)
+                out.append(f"  {name}{pad}  {text}")
+            out.append("")
+        if examples:
+            out += ["examples:", *(f"  {e}" for e in examples), ""]
+        out.append("--helpfull: every flag (absl's), with its whole help.")
+        return "\n".join(out)
+
     def parse(argv: list[str]) -> list[str]:
+        own = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+        if groups and help_args.intersection(own):
+            try:
+                print(short_help(), flush=True)
+            except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:
             print(
-                f"[{program}] error: {e}; see --helpshort for the flags.",
+                f"[{program}] error: {e}; see --help for the flags.",
                 file=sys.stderr,
                 flush=True,
             )

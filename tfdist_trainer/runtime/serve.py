@@ -66,8 +66,9 @@ def serve(
                 logging.info("chief %s is up", chief.address)
             seen, gone_since = True, None
         if seen and markers.done_since(model_dir, stale):
-            logging.info("the chief marked training done: exiting")
-            shutdown.finish_serving(cluster)  # ps:0, the coordination leader, exits last
+            logging.info("the chief marked training done: exiting after it")
+            # after the chief (its exit releases functions on this task); ps:0, the leader, last
+            shutdown.finish_serving(cluster)
             return
         if termination.received:
             if (

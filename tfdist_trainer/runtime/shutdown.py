@@ -13,6 +13,13 @@ its next heartbeat, although the job succeeded. So after training:
   `LEADER_WAIT_S`, until their gRPC ports close (`wait_until_gone`), that is
   until their processes are gone, before it exits itself.
 
+Under parameter_server the chief, which drives the workers and ps, has one more
+thing to do after it marked training done: at its exit TensorFlow releases every
+function the chief registered on each worker and ps, one RPC per function and
+task. A task already gone turns each into an error line on the chief ("Failed to
+remove function remotely due to Socket closed"; hundreds with 2 ps). So the
+serving tasks leave after the chief (`finish_serving`), ps:0 last.
+
 Failures keep their own paths: this only runs after training returned
 normally, and a barrier that fails (a peer died after its last step) is
 logged and skipped, never turned into an error of a job that finished.
@@ -27,11 +34,13 @@ from collections.abc import Sequence
 from absl import logging
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.plan.cluster import PS, WORKER, ClusterConfig, TaskAddress
+from tfdist_trainer.plan.cluster import CHIEF, PS, WORKER, ClusterConfig, TaskAddress
 from tfdist_trainer.plan.network import is_listening
 
 #: How long the leader waits for the other tasks' processes to be gone.
 LEADER_WAIT_S = 30.0
+#: How long a parameter_server worker or ps, after training is done, waits for the chief to exit.
+CHIEF_EXIT_WAIT_S = 30.0
 #: How long a task waits at the final barrier for the slowest task to finish its hooks.
 BARRIER_TIMEOUT_S = 600.0
 BARRIER_ID = "tfdist_trainer_training_done"
@@ -95,7 +104,15 @@ def finish_synchronous_job(cluster: ClusterConfig) -> None:
 
 
 def finish_serving(cluster: ClusterConfig) -> None:
-    """A parameter_server task done serving: ps:0, the coordination leader, waits for the workers and ps."""
+    """A parameter_server task done serving: it waits for the chief to exit (at most
+    `CHIEF_EXIT_WAIT_S`), and ps:0, the coordination leader, then for the workers and ps."""
+    chief = cluster.tasks((CHIEF,))
+    if chief:
+        start = time.monotonic()
+        if wait_until_gone(chief, CHIEF_EXIT_WAIT_S):
+            logging.info("exiting although the chief still listens after %.0fs", CHIEF_EXIT_WAIT_S)
+        else:
+            logging.info("the chief exited (%.1fs)", time.monotonic() - start)
     if cluster.task_type != PS or cluster.task_id != 0:
         return
     others = [t for t in cluster.tasks((WORKER, PS)) if (t.task_type, t.task_id) != (PS, 0)]

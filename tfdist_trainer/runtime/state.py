@@ -8,15 +8,20 @@ only when they are created outside a `tf.function`.
 from __future__ import annotations
 
 import hashlib
+import re
 
 import keras
 import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import sharding, tf_compat
+from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.io import storage
+from tfdist_trainer.model_parallel import layer_table
 from tfdist_trainer.runtime.strategy_runtime import StrategyRuntime
-from tfdist_trainer.trainers import compiled
+from tfdist_trainer.trainers import clipping, compiled
 from tfdist_trainer.trainers.trainer import Trainer
+from tfdist_trainer.variables import format_bytes, write_report
 
 
 def build_model(trainer: Trainer, runtime: StrategyRuntime | None = None) -> keras.Model:
@@ -51,8 +56,6 @@ def build_state(
         compiled.prepare(trainer)  # a compiled model's loss state, before any step
         trainer.train_metrics = trainer.build_metrics()
         trainer.eval_metrics = [keras.metrics.Mean(name="loss")] + trainer.build_metrics()
-        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-            tf_compat.make_metric_updates_atomic(trainer.train_metrics + trainer.eval_metrics)
         global_step = tf.Variable(
             0,
             dtype=tf.int64,
@@ -68,19 +71,88 @@ def build_state(
             ):
                 # float16 gradients underflow without loss scaling; Trainer.train_step scales the loss.
                 trainer.optimizer = keras.optimizers.LossScaleOptimizer(trainer.optimizer)
+            _refuse_keras_accumulation(trainer)
             trainer.optimizer.build(trainer.model.trainable_variables)
+            # With clipping on, the global gradient norm before clipping is reported with the
+            # train metrics (apply_gradients updates it; the batch's metrics do not see it).
+            trainer.gradient_norm = clipping.gradient_norm_metric(trainer.optimizer)
             items["optimizer"] = trainer.optimizer
+        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+            tf_compat.make_metric_updates_atomic(
+                trainer.train_metrics + trainer.eval_metrics + _reported_only(trainer)
+            )
         if runtime is not None:
             runtime.state_built(trainer)
     return global_step, tf.train.Checkpoint(**items)
 
 
+def _reported_only(trainer: Trainer) -> list:
+    """Metrics the runtime updates itself and reports with the train metrics."""
+    return [trainer.gradient_norm] if trainer.gradient_norm is not None else []
+
+
+def _refuse_keras_accumulation(trainer: Trainer) -> None:
+    """Keras' own gradient accumulation puts the update in a tf.cond, where merge_call fails under
+    multi_worker_mirrored and parameter_server: point to the trainer's, which works everywhere."""
+    k = getattr(trainer.optimizer, "gradient_accumulation_steps", None)
+    if k:
+        raise ConfigError(
+            f"{type(trainer).__name__}.build_optimizer returns an optimizer with "
+            f"gradient_accumulation_steps={k}, which fails under multi_worker_mirrored and "
+            f"parameter_server (Keras updates inside a tf.cond); drop it and set "
+            f"train.gradient_accumulation_steps = {k} instead (the same arithmetic, every strategy)."
+        )
+
+
+#: The whole variable placement table, written by the chief next to its checkpoints.
+PLACEMENT_REPORT = "variable_placement.json"
+
+
 def log_placement(trainer: Trainer) -> None:
-    """Where every variable lives (variable, shape, bytes, device; bytes per device), once, on the chief."""
+    """Where every variable lives, once, on the chief: one summary line for the console
+    (variables, bytes per task, the ps imbalance); the whole table (variable, shape, bytes,
+    device) in the task's log, logged from `model_parallel.layer_table`, a source the
+    launcher's console filter keeps in the log, and in model_dir/variable_placement.json."""
     variables = list(trainer.model.variables) + (
         list(trainer.optimizer.variables) if trainer.optimizer else []
     )
-    logging.info("variable placement:\n%s", sharding.placement_table(variables))
+    records = sharding.placement_records(variables)
+    per_task = records["bytes_per_task"]
+    total = sum(per_task.values())
+    where = ", ".join(
+        f"{_task_name(task)} {format_bytes(size)} ({100 * size / max(1, total):.0f}%)"
+        for task, size in per_task.items()
+    )
+    ps = sum("/job:ps/" in task for task in per_task)
+    percent = 100 * records["ps_imbalance"]
+    imbalance = (
+        f"; ps imbalance {percent:.1f}%" if percent < 100 else f"; ps imbalance {percent:,.0f}%"
+    )
+    imbalance = imbalance if ps > 1 else ""
+    model_dir = getattr(getattr(trainer, "context", None), "model_dir", None)
+    report = storage.join(model_dir, PLACEMENT_REPORT) if model_dir else None
+    logging.info(
+        "variable placement: %d variables, %s: %s%s (the whole table: this task's log%s)",
+        len(records["variables"]),
+        format_bytes(total),
+        where,
+        imbalance,
+        f" and {report}" if report else "",
+    )
+    layer_table.log(["variable placement:", *sharding.placement_table(variables).splitlines()])
+    if report:
+        try:
+            write_report(report, records)
+        except storage.write_errors() as e:  # a report is never worth failing the training
+            logging.warning("could not write %s: %s", report, str(e).strip().splitlines()[0])
+
+
+def _task_name(task: str) -> str:
+    """'/job:ps/replica:0/task:1' -> 'ps:1'; a mirrored variable's devices are counted."""
+    if task.startswith("mirrored:"):
+        return f"mirrored on {task.count(',') + 1} devices"
+    match = re.search(r"/job:([\w\-]+)/replica:\d+/task:(\d+)", task)
+    return f"{match.group(1)}:{match.group(2)}" if match else task
 
 
 #: Above this many parameters the fingerprint is skipped: it would pull every table to this task.

@@ -41,6 +41,7 @@ from tfdist_trainer.plan.strategies import (
 )
 from tfdist_trainer.plan.task import TaskContext
 from tfdist_trainer.runtime import loops
+from tfdist_trainer.runtime.loops import accumulate
 
 
 class StrategyRuntime:
@@ -124,7 +125,21 @@ class StrategyRuntime:
             steps_per_loop = loops.StepsPerLoopTuner(
                 initial=min(8, experiment.steps_per_loop), agree=agree
             )
-        common = dict(jit_compile=experiment.jit_compile, step_fn=self.train_step_fn(trainer))
+        k = experiment.gradient_accumulation_steps
+        if k > 1 and cluster.dispatcher_address is not None:
+            raise ConfigError(
+                f"train.gradient_accumulation_steps={k} cannot read through the tf.data service "
+                f"(parameter_server.data_service=True), whose loop stops at any batch when the "
+                f"data ends; set one of them back (gradient_accumulation_steps = 1 or "
+                f"data_service = False)."
+            )
+        common = dict(
+            jit_compile=experiment.jit_compile,
+            step_fn=self.train_step_fn(trainer)
+            if k == 1
+            else self.accumulating_step_fn(trainer, k),
+            batches_per_step=k,
+        )
         if not self.schedules:
             return loops.TrainLoop(self.strategy, trainer, global_step, steps_per_loop, **common)
         return loops.ScheduledTrainLoop(
@@ -158,6 +173,20 @@ class StrategyRuntime:
     def train_step_fn(self, trainer: Any) -> Any:
         """The per-replica step the loop runs (model_parallel may pipeline it over micro-batches)."""
         return trainer.train_step
+
+    def gradients_fn(self, trainer: Any) -> Any:
+        """batch -> (loss, gradients), train metrics updated: one pass of an accumulated update."""
+        return trainer.compute_gradients
+
+    def accumulating_step_fn(self, trainer: Any, k: int) -> Any:
+        """The per-replica step of `train.gradient_accumulation_steps = k`: k batches, one update."""
+        if trainer.overrides("train_step"):
+            raise ConfigError(
+                f"train.gradient_accumulation_steps={k} needs Trainer.compute_gradients, but "
+                f"{type(trainer).__name__} overrides train_step; override compute_gradients (and "
+                f"apply_gradients) instead, or set train.gradient_accumulation_steps = 1."
+            )
+        return accumulate.accumulating_step(self.gradients_fn(trainer), trainer.apply_gradients, k)
 
 
 # -- one builder per gin strategy ------------------------------------------------------------
@@ -402,15 +431,29 @@ class ModelParallelRuntime(StrategyRuntime):
             )
             self._log(f"model_parallel placement written to {path}")
 
-    def train_step_fn(self, trainer):
+    def gradients_fn(self, trainer):
         from tfdist_trainer.model_parallel import step as step_lib
 
-        placement = self.placement
-        if placement is None or placement.model is not trainer.model:
+        step_lib.warn_pipelined_batch_norm(trainer, self.config.num_micro_batches)
+        return step_lib.make_gradients_fn(
+            trainer,
+            num_micro_batches=self.config.num_micro_batches,
+            loss_device=self._placed(trainer).loss_device(),
+        )
+
+    def _placed(self, trainer):
+        """The placement of `trainer.model`; one sentence when the state was built without it."""
+        if self.placement is None or self.placement.model is not trainer.model:
             raise ConfigError(
                 "model_parallel's step needs the model its runtime placed: build the trainer's state "
                 "with state.build_state(..., runtime=runtime) before asking for the step."
             )
+        return self.placement
+
+    def train_step_fn(self, trainer):
+        from tfdist_trainer.model_parallel import step as step_lib
+
+        placement = self._placed(trainer)
         if self.config.num_micro_batches > 1:
             self._log(
                 f"model_parallel pipelines each replica batch over "

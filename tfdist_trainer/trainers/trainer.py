@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.plan.task import TaskContext
-from tfdist_trainer.trainers import compiled
+from tfdist_trainer.trainers import clipping, compiled
 
 
 @gin.configurable
@@ -57,6 +57,8 @@ class Trainer:
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.train_metrics: list[keras.metrics.Metric] = []
         self.eval_metrics: list[keras.metrics.Metric] = []
+        # With gradient clipping on: the global gradient norm before clipping (a train metric).
+        self.gradient_norm: keras.metrics.Metric | None = None
         # Inside train_step: the global step being taken (a scalar int64 tensor). Under
         # parameter_server, workers running at once may see the same value.
         self.step: tf.Tensor | None = None
@@ -104,18 +106,44 @@ class Trainer:
 
     # -- steps (run per replica) --------------------------------------------
     def train_step(self, batch: Any) -> tf.Tensor:
-        """One optimization step on this replica's batch; returns its share of the global mean loss."""
+        """One optimization step on this replica's batch; returns its share of the global mean loss.
+
+        Override `compute_gradients` rather than this to keep gradient accumulation
+        (`train.gradient_accumulation_steps`), which calls it once per batch and
+        `apply_gradients` once per update.
+        """
+        loss, gradients = self.compute_gradients(batch)
+        self.apply_gradients(gradients)
+        return loss
+
+    def compute_gradients(self, batch: Any) -> tuple[tf.Tensor, list]:
+        """(this replica's share of the global mean loss, gradients of model.trainable_variables).
+
+        Updates the train metrics with the batch's predictions. The gradients are of
+        the loss the optimizer scales (mixed_float16); `apply_gradients` unscales them.
+        """
         features, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         with tf.GradientTape() as tape:
             predictions = self.model(features, training=True)
             loss = self.step_loss(features, labels, predictions, sample_weight)
             # Identity unless mixed_float16 wrapped the optimizer in a LossScaleOptimizer.
             scaled_loss = self.optimizer.scale_loss(loss)
-        variables = self.model.trainable_variables
-        gradients = tape.gradient(scaled_loss, variables)
-        self.optimizer.apply_gradients(zip(gradients, variables))
+        gradients = tape.gradient(scaled_loss, self.model.trainable_variables)
         self.update_metrics(self.train_metrics, labels, predictions, sample_weight)
-        return loss
+        return loss, gradients
+
+    def apply_gradients(self, gradients: list) -> None:
+        """One optimizer update of model.trainable_variables (the all-reduce happens here).
+
+        Clipping (the optimizer's clipnorm, global_clipnorm or clipvalue) is computed on the
+        global batch's gradients, not per replica (`trainers.clipping`).
+        """
+        clipping.apply_gradients(
+            self.optimizer,
+            gradients,
+            self.model.trainable_variables,
+            self.gradient_norm,
+        )
 
     def eval_step(self, batch: Any) -> None:
         """Updates `self.eval_metrics` with one batch: the first is the mean loss, then build_metrics()."""

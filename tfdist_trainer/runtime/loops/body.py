@@ -50,6 +50,7 @@ def train_loop_fn(
     step_fn: Callable | None = None,
     next_batch: Callable = next,
     until_data_ends: bool = False,
+    batches_per_step: int = 1,
 ) -> Callable:
     """The compiled loop; `next_batch(iterator)` gives one step's input (a `data.SyncInput`'s, or `next`).
 
@@ -60,6 +61,13 @@ def train_loop_fn(
     end of the loop (`finish`); only the loop statement differs.
     """
     step_fn = step_fn or trainer.train_step
+
+    def step_input(iterator):
+        # One step's input: a batch, or the k batches one accumulated update takes (loops.accumulate).
+        if batches_per_step == 1:
+            return next_batch(iterator)
+        return tuple(next_batch(iterator) for _ in range(batches_per_step))
+
     # each replica's step is compiled (as Keras does for fit); the loop around it is not
     if jit_compile:
         step_fn = tf.function(step_fn, jit_compile=True)
@@ -98,7 +106,7 @@ def train_loop_fn(
             # the next call fails with ALREADY_EXISTS '.../tmp_var/frame:.../iter:N' (issue 20).
             trainer.step = trainer.step + 1
             total, first_bad = strategy.run(
-                replica_step, args=(next_batch(iterator), total, first_bad, trainer.step)
+                replica_step, args=(step_input(iterator), total, first_bad, trainer.step)
             )
         return finish(total, first_bad, steps)
 

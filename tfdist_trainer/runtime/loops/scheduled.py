@@ -38,6 +38,7 @@ class ScheduledTrainLoop:
         *,
         jit_compile: bool = False,
         step_fn: Callable | None = None,
+        batches_per_step: int = 1,
         num_workers: int = 1,
         stall_timeout_s: float = 0.0,
         worker_addresses: Sequence[str] = (),
@@ -55,7 +56,13 @@ class ScheduledTrainLoop:
         self._workers_out_of_data: set[int] = set()
         self._empty_rounds = 0
         self._loop = train_loop_fn(
-            strategy, trainer, global_step, jit_compile, step_fn, until_data_ends=self.served
+            strategy,
+            trainer,
+            global_step,
+            jit_compile,
+            step_fn,
+            until_data_ends=self.served,
+            batches_per_step=batches_per_step,
         )
         # Under parameter_server num_replicas_in_sync counts one worker's replicas (its GPUs).
         self.plain_worker_input = not data_lib.uses_distributed_iterator(

@@ -31,6 +31,7 @@ class TrainLoop:
         *,
         jit_compile: bool = False,
         step_fn: Callable | None = None,
+        batches_per_step: int = 1,
     ):
         self.strategy = strategy
         self.size = (
@@ -38,7 +39,13 @@ class TrainLoop:
         )
         self.input = data_lib.SyncInput(strategy, train_dataset_fn(trainer))
         self._loop = train_loop_fn(
-            strategy, trainer, global_step, jit_compile, step_fn, self.input.next_batch
+            strategy,
+            trainer,
+            global_step,
+            jit_compile,
+            step_fn,
+            self.input.next_batch,
+            batches_per_step=batches_per_step,
         )
         self._iterator = self.input.iterator
         logging.info("training input: %s", self.input.describe())

@@ -17,6 +17,7 @@ from tfdist_trainer.hooks import StopTraining
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.runtime.state import weights_fingerprint
+from tfdist_trainer.runtime.statistics import agree_on_weights
 from tfdist_trainer.runtime.train.setup import build_run
 
 
@@ -37,11 +38,13 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
         logging.info("stopping early: %s", stop)
     for hook in hooks:
         hook.end(context)
+    fingerprint = weights_fingerprint(context.trainer.model)
     logging.info(
         "training done at step %d in %.1fs (%d steps this run); weights fingerprint %s",
         context.step,
         time.monotonic() - start_time,
         context.step - start_step,
-        weights_fingerprint(context.trainer.model),
+        fingerprint,
     )
+    agree_on_weights(fingerprint, context.max_over_workers, is_chief=cluster.is_chief)
     return {"step": context.step, **context.last_train, **context.last_eval}

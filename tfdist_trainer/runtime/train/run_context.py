@@ -18,7 +18,7 @@ from tfdist_trainer.io import storage
 from tfdist_trainer.io.records import EVALUATOR_JOURNAL, MetricsRecord, read_records
 from tfdist_trainer.plan.cluster import EVALUATOR, ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
-from tfdist_trainer.runtime import export, loops, memory
+from tfdist_trainer.runtime import ema, export, loops, memory
 from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.logs import Summaries, report_eval, trainer_tags
 from tfdist_trainer.trainers.trainer import Trainer
@@ -67,16 +67,17 @@ class RunContext:
         self.has_evaluator_task = cluster.num_tasks(EVALUATOR) > 0
         # The evaluator's results up to the restored step were this run's predecessor's.
         self._evaluator_step = self.step
-        self._max_over_workers = max_over_workers  # None: no synchronous peers to agree with
+        #: An int -> int maximum over the synchronous workers (a collective); None: no peers.
+        self.max_over_workers = max_over_workers
 
     def refresh_step(self) -> None:
         self.step = int(self.global_step.numpy())
 
     def agree(self, flag: bool) -> bool:
         """True when `flag` is true on any synchronous worker, so all workers act together."""
-        if self._max_over_workers is None:
+        if self.max_over_workers is None:
             return flag
-        return bool(self._max_over_workers(int(flag)))
+        return bool(self.max_over_workers(int(flag)))
 
     def log_info(self, fmt: str, *args) -> None:
         """Progress goes to the chief's log; other synchronous workers keep it at verbosity 1."""
@@ -86,8 +87,12 @@ class RunContext:
             logging.vlog(1, fmt, *args)
 
     def take_train_metrics(self) -> dict[str, float]:
-        values = loops.metric_values(self.trainer.train_metrics)
-        for metric in self.trainer.train_metrics:
+        """The train metrics since the last call (and the gradient norm with clipping on), reset."""
+        metrics = list(self.trainer.train_metrics)
+        if self.trainer.gradient_norm is not None:
+            metrics.append(self.trainer.gradient_norm)
+        values = loops.metric_values(metrics)
+        for metric in metrics:
             metric.reset_state()
         return values
 
@@ -101,8 +106,10 @@ class RunContext:
         """Evaluates inline (every synchronous worker together) and records it; {} without eval data."""
         if not self.evaluator.enabled:
             return {}
+        with ema.averaged_weights(self.trainer):  # the optimizer's averages, if it keeps them
+            metrics = self.evaluator.evaluate()
         values = report_eval(
-            self.evaluator.evaluate(),
+            metrics,
             step=self.step,
             tags=self.tags,
             record=self.record,
@@ -128,8 +135,8 @@ class RunContext:
             if r.get("kind") == "eval"
         ]
         count = len(journaled)
-        if self._max_over_workers is not None:
-            count = -self._max_over_workers(-count)  # the fewest read by any worker
+        if self.max_over_workers is not None:
+            count = -self.max_over_workers(-count)  # the fewest read by any worker
         for r in journaled[:count]:
             if r["step"] > self._evaluator_step:
                 self._evaluator_step = r["step"]
@@ -147,10 +154,14 @@ class RunContext:
 
         The copy reads the latest checkpoint rather than `get_weights()`: sharded
         tables re-shard on restore, so the copy need not match the cluster's layout.
+        With `use_ema`, the copy takes the optimizer's averages.
         """
         self.checkpointer.save(self.step)
         export.export_from_checkpoint(
-            self.trainer, tf.train.latest_checkpoint(self.model_dir), path
+            self.trainer,
+            tf.train.latest_checkpoint(self.model_dir),
+            path,
+            averages=[a for _, a in ema.averages_of(self.trainer)],
         )
 
     def latest_checkpoint(self) -> str | None:
@@ -162,7 +173,23 @@ class RunContext:
         return memory.peak_memory_record()
 
     def next_loop_end(self, hooks: Sequence[Hook]) -> int:
-        ends = [self.target_step] + [
-            (self.step // h.every_n_steps + 1) * h.every_n_steps for h in hooks if h.every_n_steps
-        ]
-        return min(ends)
+        """The next step where a loop must end: the target, or the nearest stop a hook asks for."""
+        stops = (h.next_stop(self.step) for h in hooks)
+        return min([self.target_step, *(s for s in stops if s is not None)])
+
+    def start_profiler(self, first: int, last: int) -> None:
+        """Starts TensorFlow's profiler into model_dir/train (a worker's own directory if not chief)."""
+        logdir = storage.join(self.model_dir, "train")
+        if not self.cluster.is_chief:
+            logdir = storage.join(logdir, self.cluster.role.replace(":", "_"))
+        tf.profiler.experimental.start(logdir)
+        logging.info(
+            "profiling steps %d-%d into %s (TensorBoard: Profile)",
+            first,
+            last,
+            storage.join(logdir, "plugins", "profile"),
+        )
+
+    def stop_profiler(self) -> None:
+        tf.profiler.experimental.stop()
+        logging.info("profiling stopped at step %d", self.step)

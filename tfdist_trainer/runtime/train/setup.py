@@ -7,6 +7,7 @@ benchmarks time: one path, so a benchmark measures what a user runs.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -16,7 +17,7 @@ from tfdist_trainer.errors import ClusterStalledError, ConfigError
 from tfdist_trainer.hooks import Hook
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
-from tfdist_trainer.runtime import apply_warm_start, loops, strategy_runtime
+from tfdist_trainer.runtime import apply_warm_start, loops, statistics, strategy_runtime
 from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.state import build_state, log_placement
 from tfdist_trainer.runtime.strategy_runtime import StrategyRuntime
@@ -40,14 +41,19 @@ class Run:
     loop: Any
     runtime: StrategyRuntime
     hooks: list[Hook]
+    sync_statistics: Callable[[], None] = lambda: None
 
     def train(self, steps: int) -> loops.LoopResult:
-        """Runs `steps` steps; a parameter_server cluster that stopped answering ends the task."""
+        """Runs `steps` steps, then averages the replicas' statistics (BatchNormalization's)
+        before any hook saves, evaluates or exports; a parameter_server cluster that stopped
+        answering ends the task."""
         try:
-            return self.loop.train(steps)
+            result = self.loop.train(steps)
         except ClusterStalledError as stalled:
             timeout_s = self.runtime.config.stall_timeout_s
             raise stall.stalled_error(self.context, stalled, timeout_s) from None
+        self.sync_statistics()
+        return result
 
 
 def start_runtime(
@@ -116,4 +122,10 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
         max_over_workers=max_over_workers,
     )
     hooks = [*experiment.hooks, *task_hooks(context, schedules=runtime.schedules)]
-    return Run(context=context, loop=loop, runtime=runtime, hooks=hooks)
+    return Run(
+        context=context,
+        loop=loop,
+        runtime=runtime,
+        hooks=hooks,
+        sync_statistics=statistics.StatisticsSync(runtime.strategy, trainer.model),
+    )

@@ -1,0 +1,103 @@
+"""A job that runs for days, as tfdist-launch supervises it: a side-car never ends training, and a
+restart never makes a task that was not restarted miss its start-up deadline.
+
+Real launcher, real processes (MNIST digits, multi_worker_mirrored with an evaluator), a real
+SIGKILL. The restart budget's arithmetic (window, crash loop, delays) is in
+tests/unit/test_restart_budget.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import pytest
+from clusterlib import (
+    FAST_MNIST,
+    BackgroundJob,
+    launch_cmd,
+    no_process_left,
+    strategy_gin,
+    train_records,
+    train_step_reached,
+)
+
+STEPS = 600
+
+
+def job(
+    tmp_path, launch_args: list[str], *bindings: str, steps: int = STEPS
+) -> tuple[BackgroundJob, str]:
+    model_dir = str(tmp_path / "model")
+    train_args = [
+        *FAST_MNIST,
+        strategy_gin("multi_worker_mirrored"),
+        f"--gin_bindings=train.train_steps={steps}",
+        "--gin_bindings=train.checkpoint_every_n_steps=100",
+        *[f"--gin_bindings={b}" for b in bindings],
+        f"--model_dir={model_dir}",
+    ]
+    cmd = launch_cmd(["--num_workers=2", "--evaluator", *launch_args], train_args)
+    return BackgroundJob(cmd, str(tmp_path / "launch.out")), model_dir
+
+
+def kill_and_finish(run: BackgroundJob, role: str, before=lambda: None) -> str:
+    """SIGKILLs `role` once `before()` returned, waits for the job to succeed; its console output."""
+    try:
+        before()
+        os.kill(run.task_pid(role), signal.SIGKILL)
+        code = run.wait(timeout=300)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 0, out[-6000:]
+    return out
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(400)
+def test_an_evaluator_that_dies_for_good_does_not_end_training(tmp_path):
+    """The default policy (Never): the evaluator is given up with one line; the job succeeds."""
+    run, model_dir = job(tmp_path, [])
+    out = kill_and_finish(
+        run,
+        "evaluator:0",
+        lambda: run.wait_until("step 100", train_step_reached(model_dir, 100), timeout=240),
+    )
+    assert re.search(
+        r"^\[launch\] evaluation stopped: evaluator:0 exited with code 137 and is not restarted "
+        r"\(the Never policy does not retry it\); training goes on without it",
+        out,
+        re.M,
+    ), out[-4000:]
+    assert "[launch] job succeeded (evaluation incomplete: evaluator:0 stopped early)" in out
+    assert train_records(model_dir)[-1]["step"] == STEPS
+    assert no_process_left(model_dir) == []
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(400)
+def test_a_restart_long_after_the_evaluator_started_keeps_the_job_going(tmp_path):
+    """A worker restarted more than --startup_timeout_s after the evaluator started: only the
+    restarted tasks owe a start-up (the evaluator listens only while it waits for its peers)."""
+    startup_s, steps = 20, 3000
+    launched = time.monotonic()  # the evaluator starts after this
+    run, model_dir = job(
+        tmp_path, [f"--startup_timeout_s={startup_s}", "--restart_policy=OnFailure"], steps=steps
+    )
+
+    def past_the_evaluators_deadline():
+        run.wait_until("step 100", train_step_reached(model_dir, 100), timeout=240)
+        time.sleep(max(0.0, launched + startup_s + 2 - time.monotonic()))
+        reached = train_records(model_dir)[-1]["step"]
+        assert reached < steps - 500, f"the job is nearly over (step {reached}): make it longer"
+
+    out = kill_and_finish(run, "worker:1", past_the_evaluators_deadline)
+    assert "did not come up within" not in out, out[-4000:]
+    assert re.search(r"^\[launch\] worker:1 exited with code 137.*; restarting", out, re.M), out[
+        -4000:
+    ]
+    assert train_records(model_dir)[-1]["step"] == steps
+    assert no_process_left(model_dir) == []
