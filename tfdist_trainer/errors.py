@@ -16,12 +16,16 @@ from collections.abc import Sequence
 
 EXIT_FAILED = 1  # training itself failed (NaN loss, a bug)
 EXIT_CONFIG = 2  # the user's configuration or cluster is wrong
+EXIT_STORAGE = 3  # model_dir's storage refused a write: full, read-only, no permission, a path gone
 EXIT_PREEMPTED = 143  # SIGTERM, after a checkpoint
 EXIT_PEER_LOST = (
     200  # a ps or peer worker died, or the parameter_server chief's watchdog saw workers go silent
 )
 EXIT_CHIEF_LOST = (
     201  # a serving ps/worker gave up on a chief that vanished without marking training done
+)
+EXIT_STORAGE_UNAVAILABLE = (
+    202  # model_dir's storage did not answer (an object store's 503, a timeout)
 )
 
 #: Exit codes no restart can fix; every other non-zero code is worth a restart.
@@ -58,6 +62,32 @@ class ClusterConfigError(ConfigError):
 
 class StorageError(TfdistError, OSError):
     """A path under model_dir cannot be used; the message is one sentence fragment."""
+
+
+class CheckpointWriteError(StorageError):
+    """A checkpoint could not be written (full disk, no permission, read-only, a path gone).
+
+    Permanent: a restarted task would fill the same disk or meet the same
+    permission, so a person must act first (Kubeflow's ExitCode policy does not retry 3).
+    """
+
+    exit_code = EXIT_STORAGE
+
+
+class StorageUnavailable(StorageError):
+    """model_dir's storage did not answer a checkpoint write in time; a restart may well succeed."""
+
+    exit_code = EXIT_STORAGE_UNAVAILABLE
+
+
+class NoIntactCheckpoint(StorageError):
+    """Every checkpoint model_dir lists is damaged or missing; resuming needs a person's choice.
+
+    Exit 2, not retried: a restart would meet the same files; the files stay as
+    they are, so that a person can restore copies or choose to start again.
+    """
+
+    exit_code = EXIT_CONFIG
 
 
 class NonFiniteLossError(TfdistError, RuntimeError):

@@ -28,11 +28,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import tensorflow as tf
 from absl import logging
 
+from tfdist_trainer.errors import (
+    CheckpointWriteError,
+    NoIntactCheckpoint,
+    StorageUnavailable,
+    TfdistError,
+)
 from tfdist_trainer.io import storage
 from tfdist_trainer.io.checkpoint_names import step_of  # noqa: F401  (re-exported)
 from tfdist_trainer.plan.cluster import ClusterConfig
@@ -64,6 +71,123 @@ def pinned(model_dir: str) -> str | None:
 
 def _basename(prefix: str) -> str:
     return prefix.rstrip("/").rsplit("/", 1)[-1]
+
+
+def checkpoint_files(prefix: str) -> list[str]:
+    """The files of checkpoint `prefix`: its ``.index`` and every ``.data-*`` shard.
+
+    Exactly these, not ``prefix.*``: a checkpoint renamed aside
+    (``ckpt-200.corrupt-<time>.index``) must survive the sweep of a later ``ckpt-200``.
+    """
+    index = f"{prefix}.index"
+    shards = storage.glob(f"{prefix}.data-?????-of-?????")
+    return ([index] if storage.exists(index) else []) + sorted(shards)
+
+
+def listed_newest_first(directory: str) -> list[str]:
+    """The checkpoints the directory's ``checkpoint`` file lists, newest first, whether or not
+    their files exist (`tf.train.latest_checkpoint` says None when the newest's index is gone,
+    which would restart the job from step 0)."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except ValueError:  # an empty file ("Invalid checkpoint state"); a torn one reads as None
+        state = None
+    if state is None:
+        return []
+    newest = [state.model_checkpoint_path] if state.model_checkpoint_path else []
+    return list(dict.fromkeys(newest + list(reversed(state.all_model_checkpoint_paths))))
+
+
+def found_newest_first(directory: str) -> list[str]:
+    """The checkpoints whose index is in `directory` (``ckpt-<step>.index``), newest first: what
+    resuming uses when the ``checkpoint`` file itself is damaged."""
+    named = re.compile(r"ckpt-(\d+)\.index$")
+    steps = [
+        int(match.group(1))
+        for match in (
+            named.match(os.path.basename(f))
+            for f in storage.glob(storage.join(directory, "ckpt-*.index"))
+        )
+        if match
+    ]
+    return [storage.join(directory, f"ckpt-{step}") for step in sorted(steps, reverse=True)]
+
+
+#: TF's decorations of an op's error: ``{{function_node ...}}``, ``[[{{node RestoreV2}}]]``,
+#: ``[Op:SaveV2]``.
+_DECORATIONS = re.compile(r"\{\{[^}]*\}\}|\[\[.*?\]\]|\[Op:[^\]]*\]")
+
+#: An error of several tasks: ``2 root error(s) found.``, then ``(0) RESOURCE_EXHAUSTED: <cause>``.
+_ROOT_ERRORS = re.compile(r"\d+ root error\(s\) found")
+_ROOT_ERROR = re.compile(r"\(\d+\) [A-Z_]+: (.*)")
+
+
+def _one_line(error: BaseException) -> str:
+    """TF's message in one line, without its decorations. A function's error (under
+    parameter_server the restore and the traced write are functions) starts with ``Graph
+    execution error:`` and the place it was defined; its cause is its last line. An error of
+    several tasks says ``N root error(s) found.``, then each: the first is the cause."""
+    text = getattr(error, "message", None) or str(error)
+    lines = [_DECORATIONS.sub("", line).strip() for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return type(error).__name__
+    if lines[0] == "Graph execution error:":
+        return lines[-1][:300]
+    causes = [m.group(1) for m in map(_ROOT_ERROR.match, lines[1:]) if m and m.group(1)]
+    return (causes[0] if causes and _ROOT_ERRORS.match(lines[0]) else lines[0])[:300]
+
+
+#: TF's NotFoundError for a variable or container that another task no longer holds.
+_GONE_ON_A_PEER = re.compile(r"(Resource|Container) \S.* does not exist")
+
+
+def unreadable_reason(error: BaseException) -> str | None:
+    """Why a checkpoint's files cannot be read, when `error` says they are damaged or missing;
+    None for any other failure (a lost ps, a model that does not match), which must not be
+    mistaken for a bad checkpoint.
+
+    Measured on TF 2.21 (BUILD.md): a truncated data file raises ``IndexError: Read less bytes
+    than requested``; a flipped byte ``DataLossError`` (``Checksum does not match``), or a plain
+    `OpError` of code UNKNOWN for the object graph's own tensor; a damaged index an UNKNOWN
+    `OpError` (``not an sstable``, ``block checksum mismatch``); a missing file
+    ``NotFoundError``, or UNKNOWN ``No such file or directory``.
+    """
+    damaged = (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.NotFoundError)
+    if isinstance(error, tf.errors.NotFoundError) and _GONE_ON_A_PEER.search(str(error)):
+        return None  # a restarted ps lost its variables: the cluster's problem, not the files'
+    if isinstance(error, (IndexError, *damaged)) or (
+        isinstance(error, tf.errors.OpError) and error.error_code == tf.errors.UNKNOWN
+    ):
+        return f"{type(error).__name__}: {_one_line(error)}"
+    return None
+
+
+def _save_failure(error: tf.errors.OpError, path: str, *, unavailable: bool) -> TfdistError | None:
+    """The one-sentence error for a checkpoint write the storage refused, or None for another
+    failure. `unavailable`: a storage that does not answer is told apart from a lost peer
+    (only a task alone can be sure; elsewhere TF's lost-peer errors look the same)."""
+    cause = _one_line(error).rsplit("; ", 1)[-1]
+    fixes = {
+        tf.errors.ResourceExhaustedError: "free space there or move model_dir to a larger disk "
+        "(train.keep_checkpoints keeps fewer)",
+        tf.errors.PermissionDeniedError: "give this task write access to model_dir",
+        tf.errors.NotFoundError: "check that model_dir still exists and is mounted",
+        tf.errors.FailedPreconditionError: "check that every part of the path is a directory",
+    }
+    for kind, fix in fixes.items():
+        if isinstance(error, kind):
+            return CheckpointWriteError(
+                f"could not save checkpoint {path}: {cause} ({type(error).__name__}); {fix}"
+            )
+    if unavailable and isinstance(
+        error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
+    ):
+        return StorageUnavailable(
+            f"could not save checkpoint {path}: the storage did not answer ({cause}, "
+            f"{type(error).__name__}); a restart resumes from the previous checkpoint"
+        )
+    return None
 
 
 class Checkpointer:
@@ -101,26 +225,154 @@ class Checkpointer:
                 lambda prefix: checkpoint.write(prefix), autograph=False
             )
         self._write_traced = False
+        # Alone, an unanswered write can only be the storage's; in a cluster it may be a lost peer.
+        self._alone = cluster.is_local and not spans_tasks
 
     def restore(self) -> int | None:
-        """Restores the chief's latest checkpoint; returns its step, or None on a fresh start.
+        """Restores the chief's newest readable checkpoint; returns its step, or None when fresh.
 
         A save killed half-way leaves only a ``ckpt-N_temp`` directory, never a
         `checkpoint` entry, so the previous checkpoint is what comes back; the
-        chief removes such leftovers.
+        chief removes such leftovers. Newer checkpoints that cannot be read are
+        skipped, and the chief sets them aside (module doc); every task skips the
+        same ones, since all read the same files.
         """
         if self.is_writer:
             for leftover in storage.glob(storage.join(self.model_dir, "ckpt-*_temp")):
                 logging.info("removing %s, left by a save that did not finish", leftover)
                 storage.rmtree(leftover)
-        latest = tf.train.latest_checkpoint(self.model_dir)
-        if latest is None:
+        candidates = listed_newest_first(self.model_dir)
+        if not candidates:
+            candidates = self._found_when_unlisted()
+        if not candidates:
             return None
-        self._checkpoint.restore(latest).assert_existing_objects_matched()
+        bad: list[tuple[str, str]] = []
+        for prefix in candidates:
+            reason = self._read(prefix)
+            if reason is None:
+                break
+            bad.append((prefix, reason))
+        else:
+            raise self._none_intact(bad)
         step = int(self.global_step.numpy())
         self._last_saved_step = step
-        logging.info("restored %s (step %d)", latest, step)
+        if bad:
+            self._skipped(bad, restored=prefix, step=step)
+        logging.info("restored %s (step %d)", prefix, step)
         return step
+
+    def _found_when_unlisted(self) -> list[str]:
+        """The checkpoints on disk, newest first, when a ``checkpoint`` file exists but cannot be
+        read (torn or empty: TF would then start again from step 0, saying only a warning). The
+        chief lists them again, so that every reader (evaluator, launcher) finds them too."""
+        listing = storage.join(self.model_dir, "checkpoint")
+        found = found_newest_first(self.model_dir) if storage.exists(listing) else []
+        if not found:
+            return []
+        logging.warning(
+            "%s cannot be read; resuming from the checkpoints found beside it: %s",
+            listing,
+            ", ".join(_basename(p) for p in found),
+        )
+        if self.is_writer:
+            now = time.time()
+            _write_checkpoint_list(
+                self._directory,
+                self._entry(found[0]),
+                paths=[self._entry(p) for p in reversed(found)],
+                timestamps=[now] * len(found),
+                last_preserved_timestamp=now - 1,  # CheckpointManager keeps only later ones
+            )
+        return found
+
+    def _read(self, prefix: str) -> str | None:
+        """Restores `prefix`; None when it read, else why its files cannot be read (the variables
+        it set before failing are all set again by the older checkpoint restored next)."""
+        if not storage.exists(f"{prefix}.index"):
+            return "its .index file is missing"
+        try:
+            self._checkpoint.restore(prefix).assert_existing_objects_matched()
+        except (IndexError, tf.errors.OpError) as e:
+            reason = unreadable_reason(e)
+            if reason is None:
+                raise
+            return reason
+        return None
+
+    def _none_intact(self, bad: list[tuple[str, str]]) -> NoIntactCheckpoint:
+        """The one sentence for a model_dir none of whose listed checkpoints reads (none moved)."""
+        which = "; ".join(f"{_basename(p)}: {reason}" for p, reason in bad)
+        listing = storage.join(self.model_dir, "checkpoint")
+        return NoIntactCheckpoint(
+            f"no checkpoint listed in {listing} can be read ({which}), so training cannot resume: "
+            f"copy intact checkpoint files back from a backup, or move {listing} aside to train "
+            f"again from step 0"
+        )
+
+    def _skipped(self, bad: list[tuple[str, str]], *, restored: str, step: int) -> None:
+        """Says once per bad checkpoint that it was skipped; the chief sets each aside.
+
+        The ``checkpoint`` file is rewritten first and the files renamed after, as in
+        `_sweep`: a reader never finds a listed checkpoint without its files.
+        """
+        if not self.is_writer:
+            for prefix, reason in bad:
+                logging.info(
+                    "skipped %s, which cannot be read (%s); resuming from %s (step %d), "
+                    "as the chief does",
+                    prefix,
+                    reason,
+                    _basename(restored),
+                    step,
+                )
+            return
+        self._unlist({_basename(p) for p, _ in bad}, newest=restored)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for prefix, reason in bad:
+            aside = self._set_aside(prefix, stamp)
+            logging.warning(
+                "checkpoint %s cannot be read (%s): resumed from %s (step %d) instead; %s, "
+                "and %s no longer lists it",
+                prefix,
+                reason,
+                _basename(restored),
+                step,
+                f"its files are renamed to {aside}.*" if aside else "it has no files left",
+                storage.join(self.model_dir, "checkpoint"),
+            )
+
+    def _unlist(self, names: set[str], *, newest: str) -> None:
+        """Drops the checkpoints named `names` (basenames) from the ``checkpoint`` file, whose
+        newest becomes `newest` (the one restored)."""
+        state = tf.train.get_checkpoint_state(self._directory)
+        listed = list(state.all_model_checkpoint_paths)
+        stamps = list(state.all_model_checkpoint_timestamps)
+        if len(stamps) != len(listed):  # as `_write` does: CheckpointManager drops older stamps
+            stamps = [time.time()] * len(listed)
+        kept = [i for i, p in enumerate(listed) if _basename(p) not in names]
+        _write_checkpoint_list(
+            self._directory,
+            self._entry(newest),
+            paths=[self._entry(listed[i]) for i in kept],
+            timestamps=[stamps[i] for i in kept],
+            last_preserved_timestamp=state.last_preserved_timestamp,
+        )
+
+    def _set_aside(self, prefix: str, stamp: str) -> str | None:
+        """Renames the files of `prefix` to ``<prefix>.corrupt-<stamp>.*``, itself a checkpoint
+        prefix that TF's reader can open to look at what is left; returns its basename, or
+        None when `prefix` had no files."""
+        files = checkpoint_files(prefix)
+        aside = f"{prefix}.corrupt-{stamp}"
+        try:
+            for file in files:
+                storage.rename(file, aside + file[len(prefix) :])
+        except storage.write_errors() as e:
+            raise CheckpointWriteError(
+                f"could not rename the unreadable checkpoint {prefix} aside: {_one_line(e)}; "
+                f"give this task write access to model_dir"
+            ) from None
+        return _basename(aside) if files else None
 
     @property
     def saves_without_the_workers(self) -> bool:
@@ -133,8 +385,24 @@ class Checkpointer:
         return step_of(latest) if latest else None
 
     def save(self, step: int) -> None:
+        """Saves checkpoint ``ckpt-<step>``; a write the storage refuses ends the task with one
+        sentence (`CheckpointWriteError`, `StorageUnavailable`) after its leftovers are removed."""
         if self._last_saved_step == step:
             return
+        try:
+            self._save(step)
+        except tf.errors.OpError as e:
+            path = storage.join(self._directory, f"ckpt-{step}")
+            error = _save_failure(e, path, unavailable=self._alone)
+            if error is None:
+                raise
+            self._clean_up_failed_save(path)
+            if self._last_saved_step:  # what a restart resumes from
+                kept = f"ckpt-{self._last_saved_step} stays the newest checkpoint"
+                error.args = (f"{error}; {kept}",)
+            raise error from None
+
+    def _save(self, step: int) -> None:
         if not self.is_writer:  # a synchronous peer takes part in the save, then drops its copy
             tf.train.CheckpointManager(self._checkpoint, self._directory, max_to_keep=1).save(
                 checkpoint_number=step
@@ -153,6 +421,36 @@ class Checkpointer:
         # How long a save takes is what a preempted task's grace period must cover (BUILD.md).
         logging.info("saved checkpoint %s in %.2fs", path, time.monotonic() - started)
         self._sweep()
+
+    def _clean_up_failed_save(self, path: str) -> None:
+        """Removes what a failed save of checkpoint `path` left: its ``_temp`` directory, its
+        files when the ``checkpoint`` file does not list it (a merge that ran out of space),
+        and a torn ``checkpoint.tmp*``; a peer's throw-away directory goes whole. The previous
+        checkpoint stays listed. What cannot be removed (a read-only disk) is said, not raised."""
+        try:
+            leftovers = self._leftovers(path)
+        except storage.write_errors() as e:
+            logging.warning("could not list what the failed save of %s left: %s", path, e)
+            leftovers = [f"{path}_temp"]
+        for leftover in leftovers:
+            try:
+                if storage.isdir(leftover):
+                    storage.rmtree(leftover)
+                else:
+                    storage.remove(leftover)
+            except storage.write_errors() as e:
+                logging.warning("could not remove %s after the failed save: %s", leftover, e)
+        if not self.is_writer:
+            storage.remove_if_empty(storage.dirname(self._directory))
+
+    def _leftovers(self, path: str) -> list[str]:
+        """What a failed save of checkpoint `path` may have left (`_clean_up_failed_save`)."""
+        if not self.is_writer:
+            return [self._directory]
+        listed = {_basename(p) for p in listed_newest_first(self._directory)}
+        unlisted = [] if _basename(path) in listed else checkpoint_files(path)
+        torn = storage.glob(storage.join(self._directory, "checkpoint.tmp*"))
+        return [f"{path}_temp", *unlisted, *torn]
 
     def _write(self, step: int) -> str:
         """Writes checkpoint ``ckpt-<step>`` and lists it in the directory's ``checkpoint`` file."""
@@ -221,7 +519,7 @@ class Checkpointer:
         )
         for i, prefix in enumerate(listed):
             if i not in kept:
-                for file in storage.glob(f"{prefix}.*"):
+                for file in checkpoint_files(prefix):
                     storage.remove(file)
 
 

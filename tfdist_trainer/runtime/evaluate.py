@@ -43,7 +43,7 @@ from tfdist_trainer.io.records import EVALUATOR_JOURNAL, MetricsRecord
 from tfdist_trainer.plan.cluster import EVALUATOR
 from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.plan.task import TaskContext
-from tfdist_trainer.runtime import checkpoints, export, loops, preemption
+from tfdist_trainer.runtime import checkpoints, ema, export, loops, preemption
 from tfdist_trainer.runtime.logs import (
     Summaries,
     report_eval,
@@ -145,9 +145,10 @@ class SideCar:
             is_chief=False,
             strategy=experiment.strategy_config.name,
         )
-        self.global_step, self.checkpoint = build_state(
+        self.global_step, _ = build_state(
             trainer, tf.distribute.get_strategy(), with_optimizer=False
         )
+        self.checkpoint = ema.checkpoint_for_reading(trainer, self.global_step)
         self.eval_loop = loops.EvalLoop(trainer, None, distributed=False)
         if not self.eval_loop.enabled:
             raise ConfigError(
@@ -191,6 +192,12 @@ class SideCar:
             return  # deleted before it could be read: a newer one exists
         step = int(self.global_step.numpy())
         _say_skipped(self.model_dir, self.experiment, self.last_step, step)
+        with ema.averaged_weights(self.trainer):  # the optimizer's averages, if it keeps them
+            self._evaluate_and_tell_hooks(prefix, step)
+        self.last_step = step
+        self.quiet_wait.active()
+
+    def _evaluate_and_tell_hooks(self, prefix: str, step: int) -> None:
         self.values = report_eval(
             self.eval_loop.evaluate(),
             step=step,
@@ -210,8 +217,6 @@ class SideCar:
         )
         for hook in self.experiment.hooks:  # the same gin config: e.g. BestExporter exports here
             hook.after_side_car_eval(evaluation)
-        self.last_step = step
-        self.quiet_wait.active()
 
     def training_done(self) -> bool:
         """The chief marked training done at a step this evaluator has evaluated."""
@@ -247,7 +252,8 @@ def _evaluations(journal: MetricsRecord) -> list[dict]:
 
 
 def _read(checkpoint: tf.train.Checkpoint, prefix: str, model_dir: str, *, by: str) -> bool:
-    """Pins `prefix`, then restores it; False when the chief deleted it before it could be read.
+    """Pins `prefix`, then restores it; False when the chief deleted it before it could be read,
+    or its files are damaged (`checkpoints.unreadable_reason`).
 
     The restore reads every value into memory (the variables exist), so the
     evaluation and any export work from memory; the pin stays until the next
@@ -256,9 +262,23 @@ def _read(checkpoint: tf.train.Checkpoint, prefix: str, model_dir: str, *, by: s
     checkpoints.pin(model_dir, prefix, by=by)
     try:
         checkpoint.restore(prefix).expect_partial()
-    except (tf.errors.NotFoundError, tf.errors.DataLossError):
-        if storage.exists(f"{prefix}.index"):
+    except (IndexError, tf.errors.OpError) as e:
+        reason = checkpoints.unreadable_reason(e)
+        if reason is None:
             raise
+        if storage.exists(f"{prefix}.index"):
+            # Damaged: the chief sets it aside at its next start, or saves a newer one. Until
+            # then the loop asks for it again at once, so wait a little, and say so at most
+            # every 10 minutes.
+            logging.log_every_n_seconds(
+                logging.WARNING,
+                "cannot read %s (%s); skipping it until a newer checkpoint appears",
+                600,
+                prefix,
+                reason,
+            )
+            time.sleep(5.0)
+            return False
         logging.info(
             "%s was deleted (train.keep_checkpoints) before it could be read; taking the newest",
             prefix,
