@@ -19,7 +19,7 @@ from tfdist_trainer.io import storage
 from tfdist_trainer.io.records import MetricsRecord
 from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.plan.task import TaskContext
-from tfdist_trainer.runtime import ema, export, loops
+from tfdist_trainer.runtime import checkpoints, ema, export, loops
 from tfdist_trainer.runtime.logs import Summaries, report_eval, trainer_tags
 from tfdist_trainer.runtime.state import build_model, build_state
 
@@ -28,8 +28,15 @@ EVALUATED_BY = "evaluate"
 
 
 def checkpoint_to_read(model_dir: str, checkpoint: str | None) -> str:
-    """`checkpoint`, or model_dir's newest; one sentence when there is none."""
-    prefix = checkpoint or tf.train.latest_checkpoint(model_dir)
+    """`checkpoint`, or model_dir's newest with an index (listed, else found beside a damaged
+    ``checkpoint`` file); one sentence when there is none."""
+    newest = (
+        p
+        for p in checkpoints.listed_newest_first(model_dir)
+        + checkpoints.found_newest_first(model_dir)
+        if storage.exists(f"{p}.index")
+    )
+    prefix = checkpoint or next(newest, None)
     if prefix is None:
         raise ConfigError(
             f"--model_dir {model_dir} holds no checkpoint; train there first, or name one with "
