@@ -126,13 +126,6 @@ class StrategyRuntime:
                 initial=min(8, experiment.steps_per_loop), agree=agree
             )
         k = experiment.gradient_accumulation_steps
-        if k > 1 and cluster.dispatcher_address is not None:
-            raise ConfigError(
-                f"train.gradient_accumulation_steps={k} cannot read through the tf.data service "
-                f"(parameter_server.data_service=True), whose loop stops at any batch when the "
-                f"data ends; set one of them back (gradient_accumulation_steps = 1 or "
-                f"data_service = False)."
-            )
         common = dict(
             jit_compile=experiment.jit_compile,
             step_fn=self.train_step_fn(trainer)
