@@ -10,3 +10,22 @@ import zoo
 @pytest.mark.parametrize("strategy", zoo.STRATEGIES)
 def test_keras_hub_gpt2_trains_under_every_strategy(strategy, tmp_path):
     zoo.train_and_check("keras_hub_gpt2", strategy, str(tmp_path / strategy))
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", ["multi_worker_mirrored", "parameter_server"])
+def test_keras_hub_gpt2_takes_the_everyday_knobs(strategy, tmp_path):
+    """Gradient accumulation, EMA weights (evaluated and exported) and global-norm clipping
+    together, on a model nobody here wrote, through the real-shape loop."""
+    zoo.train_and_check(
+        "keras_hub_gpt2",
+        strategy,
+        str(tmp_path / strategy),
+        extra=[
+            "train.gradient_accumulation_steps=2",
+            "GPT2LMTrainer.use_ema=True",
+            "GPT2LMTrainer.global_clipnorm=1.0",
+            "train.extra_hooks=[@ExportSavedModel()]",
+        ],
+    )
+    assert (tmp_path / strategy / "export" / str(zoo.TRAIN_STEPS) / "saved_model.pb").exists()

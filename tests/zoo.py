@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 
 import clusterlib
 from clusterlib import REPO, launch_cmd, read_records, strategy_gin
@@ -60,8 +61,10 @@ def bindings(model: str, strategy: str) -> list[str]:
     return [f"--gin_bindings={b}" for b in extra]
 
 
-def train_and_check(model: str, strategy: str, model_dir: str) -> None:
+def train_and_check(model: str, strategy: str, model_dir: str, extra: Sequence[str] = ()) -> None:
     """Trains `model` under `strategy` as a user would (tfdist-launch) and checks the run.
+
+    `extra`: more gin bindings (the knobs a test adds to the zoo's settings).
 
     Exit 0, exactly TRAIN_STEPS steps, a finite loss that falls, and the peak
     memory of the task in every progress record.
@@ -73,12 +76,13 @@ def train_and_check(model: str, strategy: str, model_dir: str) -> None:
                 f"--gin_file={REPO}/configs/zoo/{model}.gin",
                 strategy_gin(strategy),
                 *bindings(model, strategy),
+                *[f"--gin_bindings={b}" for b in extra],
                 f"--model_dir={model_dir}",
             ],
         ),
         timeout=420,
     )
-    where = f"{model} under {strategy} ({' '.join(bindings(model, strategy))})"
+    where = f"{model} under {strategy} ({' '.join([*bindings(model, strategy), *extra])})"
     assert result.returncode == 0, f"{where}:\n{result.stdout[-6000:]}"
     train = [r for r in read_records(model_dir) if r["kind"] == "train"]
     assert train and train[-1]["step"] == TRAIN_STEPS, (where, train)

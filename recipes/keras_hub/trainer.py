@@ -51,9 +51,13 @@ class _KerasHubTrainer(Trainer):
         learning_rate: float = 1e-3,
         num_examples: int = 4096,
         data_seed: int = 1234,
+        use_ema: bool = False,
+        global_clipnorm: float | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.use_ema = use_ema
+        self.global_clipnorm = global_clipnorm
         self.vocabulary_size = vocabulary_size
         self.num_layers = num_layers
         self.num_heads = num_heads
@@ -77,7 +81,9 @@ class _KerasHubTrainer(Trainer):
         }
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
-        return keras.optimizers.Adam(self.learning_rate)
+        return keras.optimizers.Adam(
+            self.learning_rate, use_ema=self.use_ema, global_clipnorm=self.global_clipnorm
+        )
 
     def examples(self, split: str) -> tuple[dict, np.ndarray]:
         raise NotImplementedError
