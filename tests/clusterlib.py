@@ -35,6 +35,26 @@ def strategy_gin(name: str) -> str:
     return f"--gin_file={REPO}/configs/strategies/{name}.gin"
 
 
+#: parameter_server.steps_per_loop of mnist_args, pinned so that the tests' step arithmetic (a run
+#: that is not a whole number of loops, say) does not follow the package's default.
+PSS_STEPS_PER_LOOP = 10
+
+
+def mnist_args(strategy: str, model_dir: str, steps: int, *extra: str) -> list[str]:
+    """tfdist-train's arguments for FAST_MNIST under `strategy`, `steps` steps into `model_dir`,
+    then the flags `extra`."""
+    args = [
+        *FAST_MNIST,
+        strategy_gin(strategy),
+        f"--gin_bindings=train.train_steps={steps}",
+        f"--model_dir={model_dir}",
+        *extra,
+    ]
+    if strategy == "parameter_server":
+        args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
+    return args
+
+
 def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
@@ -42,6 +62,14 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
     env["TF_CPP_MIN_LOG_LEVEL"] = "1"
     env.update(extra or {})
+    return env
+
+
+def user_env(directory) -> dict[str, str]:
+    """base_env with `directory` first on PYTHONPATH: where `--module=NAME` finds the user's own
+    code (a test writes it to its tmp_path), as it would in the user's project directory."""
+    env = base_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(directory), env["PYTHONPATH"]])
     return env
 
 
@@ -101,6 +129,15 @@ def tf_config(cluster: Mapping[str, list[str]], task_type: str, index: int) -> s
     return tf_config_text(cluster, task_type, index)
 
 
+def chief_gone_grace(strategy: str, grace_s: float) -> dict[str, list[str]]:
+    """HandCluster per_task_args: parameter_server's serving tasks (ps, workers) exit `grace_s`
+    after their chief is gone instead of the default minutes, so a test does not wait for them;
+    other strategies have no serving tasks."""
+    if strategy != "parameter_server":
+        return {}
+    return {t: [f"--chief_gone_grace_s={grace_s}"] for t in ("ps", "worker")}
+
+
 class HandCluster:
     """Starts one tfdist-train process per task, each with its own TF_CONFIG, as a user would by hand."""
 
@@ -154,6 +191,15 @@ class HandCluster:
         for task_type in order:
             for index in range(len(self.cluster.get(task_type, ()))):
                 self.start(task_type, index)
+
+    def run_all(self, timeout: float = 300) -> dict[str, int]:
+        """Starts every task and waits for them all; returns their exit codes. Whatever still runs
+        afterwards (after a failed wait, say) is killed, so no task outlives the test."""
+        try:
+            self.start_all()
+            return self.wait_all(timeout=timeout)
+        finally:
+            self.kill_all()
 
     def wait(self, role: str, timeout: float = 300) -> int:
         try:
@@ -254,12 +300,6 @@ class BackgroundJob:
         )
         assert pids, f"the launcher did not report starting {role}:\n{self.output()[-4000:]}"
         return int(pids[-1])
-
-    def kill_at_step(self, role: str, model_dir: str, step: int) -> float:
-        """SIGKILLs `role` once a train record at `step` or later exists; returns the kill time."""
-        self.wait_until(f"a train record at step >= {step}", train_step_reached(model_dir, step))
-        os.kill(self.task_pid(role), signal.SIGKILL)
-        return time.time()
 
     def output(self) -> str:
         with open(self.out_path, errors="replace") as f:

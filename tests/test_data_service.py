@@ -16,6 +16,7 @@ import textwrap
 import clusterlib
 import pytest
 from clusterlib import launch_cmd
+from faultlib import fault_run
 
 NUM_IDS = 20000
 BATCH = 10
@@ -80,9 +81,7 @@ def _train_args(model_dir: str, *extra: str) -> list[str]:
 
 def _env(tmp_path) -> dict[str, str]:
     (tmp_path / "ids_trainer.py").write_text(IDS_MODULE)
-    env = clusterlib.base_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    return env
+    return clusterlib.user_env(tmp_path)
 
 
 def trained_ids(model_dir: str) -> tuple[collections.Counter, dict[str, int]]:
@@ -127,21 +126,18 @@ def kill_mid_epoch(tmp_path, role: str, launch_flags: list[str]) -> tuple[str, c
     keep: the job exits 0 after the kill, the epoch ends, no id is trained on twice. Returns the
     launcher's output and how often each id was trained on."""
     model_dir = str(tmp_path / "model")
-    job = clusterlib.BackgroundJob(
-        launch_cmd(["--num_workers=2", "--num_ps=1", *launch_flags], _train_args(model_dir)),
-        str(tmp_path / "launch.out"),
+    run = fault_run(
+        _train_args(model_dir),
+        tmp_path / "launch.out",
+        launch_args=["--num_workers=2", "--num_ps=1", *launch_flags],
+        kill=role,
+        at_step=100,
         env=_env(tmp_path),
+        timeout=TIMEOUT_S,
     )
-    try:
-        killed_at = job.kill_at_step(role, model_dir, 100)
-        code = job.wait(timeout=TIMEOUT_S)
-    finally:
-        job.kill_group()
-    out = job.output()
-    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
-    assert re.search(r"the training data ended at step (\d+):", out), out[-6000:]
-    records = clusterlib.train_records(model_dir)
-    assert any(r["time"] > killed_at for r in records), "the run ended before the kill"
+    out = run.assert_launch_ok()
+    run.assert_said(r"the training data ended at step (\d+):")
+    assert any(r["time"] > run.fault_time for r in run.records), "the run ended before the kill"
     counts, _ = trained_ids(model_dir)
     twice = {i: n for i, n in counts.items() if n > 1}
     assert not twice, f"ids trained on more than once: {dict(list(twice.items())[:20])}"

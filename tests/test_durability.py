@@ -30,7 +30,8 @@ import clusterlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from clusterlib import FAST_MNIST, launch_cmd, strategy_gin, train_cmd, train_step_reached
+from clusterlib import FAST_MNIST, launch_cmd, strategy_gin, train_cmd
+from faultlib import PROCESS, FaultRun, fault_run, step_before
 
 TIMEOUT_S = 240
 PSS_STEPS_PER_LOOP = 10
@@ -83,6 +84,21 @@ def record_fault(fault: str, *, step_at_kill, restored, steps_lost, recover_s) -
     )
 
 
+def record_recovery(
+    fault: str, records: list[dict], kill_time: float, killed_at: int, restored: int | None = None
+) -> None:
+    """Records a fault the job carried on from: the steps redone since `restored` (None: no task
+    restored, so none), and the seconds from the kill to the first record of the job that went on."""
+    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
+    record_fault(
+        fault,
+        step_at_kill=killed_at,
+        restored="- (no restart)" if restored is None else restored,
+        steps_lost=0 if restored is None else killed_at - restored,
+        recover_s=recover_s,
+    )
+
+
 # -- running and watching jobs ---------------------------------------------------
 
 
@@ -90,13 +106,6 @@ class Job(clusterlib.BackgroundJob):
     """A tfdist-launch or tfdist-train job whose launcher reports the pids of the tasks it starts."""
 
     timeout_s = TIMEOUT_S
-
-
-def step_before(records: list[dict], kill_time: float) -> int:
-    """The last step recorded before the kill."""
-    before = [r["step"] for r in records if r["time"] <= kill_time]
-    assert before, f"no train record before the kill: {records}"
-    return max(before)
 
 
 def first_record_after(records: list[dict], kill_time: float, restored: int | None = None) -> dict:
@@ -168,9 +177,6 @@ def mnist_args(
     return args
 
 
-RESTART = ["--restart_policy=OnFailure", "--backoff_limit=3", "--restart_backoff_s=1"]
-
-
 def assert_finished_at(model_dir: str, steps: int, context: str) -> list[dict]:
     """The job reached exactly `steps`: last record, latest checkpoint; and its loss fell."""
     records = clusterlib.train_records(model_dir)
@@ -197,55 +203,78 @@ PSS_CHECKPOINT_EVERY = 100
 PSS_LOG_EVERY = 20
 
 
+def pss_kill(tmp_path, role: str, at_step: int, **kwargs) -> FaultRun:
+    """SIGKILLs `role` of a 2-worker, 1-ps parameter_server job under OnFailure at `at_step`."""
+    args = mnist_args(
+        "parameter_server",
+        str(tmp_path / "model"),
+        PSS_STEPS,
+        log_every=PSS_LOG_EVERY,
+        checkpoint_every=PSS_CHECKPOINT_EVERY,
+    )
+    return fault_run(
+        args,
+        tmp_path / "launch.out",
+        launch_args=["--num_workers=2", "--num_ps=1"],
+        policy="OnFailure",
+        kill=role,
+        at_step=at_step,
+        timeout=TIMEOUT_S,
+        **kwargs,
+    )
+
+
+def rerun(train_args: list[str], out_path) -> FaultRun:
+    """The same tfdist-train command again, without a fault: it must finish (exit 0)."""
+    run = fault_run(train_args, out_path, timeout=TIMEOUT_S)
+    assert run.code == 0, f"the rerun exited {run.code}:\n{run.out[-6000:]}"
+    return run
+
+
+def rerun_restored(out: str, latest_at_kill: int) -> int:
+    """The rerun restored once, from the latest checkpoint at the kill; returns that step."""
+    restored = restored_steps(out)
+    assert restored == [latest_at_kill], f"rerun restored {restored}, want [{latest_at_kill}]"
+    return restored[0]
+
+
+def killed_before_the_end(run: FaultRun, steps: int, who: str) -> int:
+    """The step at the kill, which must be before the last: else the fault was not exercised."""
+    killed_at = run.step_at_fault
+    assert killed_at < steps, f"{who} was killed after training ended; the fault was not exercised"
+    return killed_at
+
+
+def assert_restarted_once(run: FaultRun, pattern: str) -> None:
+    """The launcher said it restarted as `pattern` says, and it restarted nothing else."""
+    run.assert_said(pattern)
+    assert len(re.findall(r"^\[launch\] .* restarting ", run.out, re.M)) == 1, run.out[-6000:]
+
+
+def the_one_restore(log: str, whose: str) -> int:
+    """The step of the one 'restored' line of a task's log."""
+    restored = restored_steps(log)
+    assert len(restored) == 1, f"expected one 'restored' line in {whose} log, got {restored}"
+    return restored[0]
+
+
 @pytest.mark.cluster
 def test_pss_worker_sigkill_is_absorbed(tmp_path):
     """kill -9 worker:1: the coordinator re-runs its closures on worker:0, the launcher restarts it,
     and the job ends exactly at train_steps without restoring anything."""
     model_dir = str(tmp_path / "model")
-    job = Job(
-        launch_cmd(
-            ["--num_workers=2", "--num_ps=1", *RESTART],
-            mnist_args(
-                "parameter_server",
-                model_dir,
-                PSS_STEPS,
-                log_every=PSS_LOG_EVERY,
-                checkpoint_every=PSS_CHECKPOINT_EVERY,
-            ),
-        ),
-        str(tmp_path / "launch.out"),
-    )
-    try:
-        job.wait_until("a train record at step >= 150", train_step_reached(model_dir, 150))
-        pid = job.task_pid("worker:1")
-        os.kill(pid, signal.SIGKILL)
-        kill_time = time.time()
-        code = job.wait()
-    finally:
-        job.kill_group()
-    out = job.output()
-    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
-    assert re.search(r"worker:1 exited with code 137; restarting worker:1 in", out), out[-6000:]
-    assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
+    run = pss_kill(tmp_path, "worker:1", 150)
+    out = run.assert_launch_ok()
+    assert_restarted_once(run, r"worker:1 exited with code 137; restarting worker:1 in")
     records = assert_finished_at(model_dir, PSS_STEPS, out)
-    killed_at = step_before(records, kill_time)
-    assert killed_at < PSS_STEPS, (
-        "the worker was killed after training ended; the fault was not exercised"
-    )
+    killed_at = killed_before_the_end(run, PSS_STEPS, "the worker")
     chief_log = read_log(model_dir, "chief:0")
     assert restored_steps(chief_log) == [], "the chief restarted although only a worker died"
     assert "training done at step 600" in chief_log
     # One writer, one run: steps strictly increase (no closure was counted twice).
     steps = [r["step"] for r in records]
     assert steps == sorted(set(steps)), steps
-    recover_s = first_record_after(records, kill_time)["time"] - kill_time
-    record_fault(
-        "pss: SIGKILL worker:1",
-        step_at_kill=killed_at,
-        restored="- (no restart)",
-        steps_lost=0,
-        recover_s=recover_s,
-    )
+    record_recovery("pss: SIGKILL worker:1", records, run.fault_time, killed_at)
 
 
 # -- 2. parameter_server: the ps is killed ---------------------------------------
@@ -255,59 +284,24 @@ def test_pss_worker_sigkill_is_absorbed(tmp_path):
 def test_pss_ps_sigkill_resumes_from_last_checkpoint(tmp_path):
     """kill -9 ps:0: the launcher restarts chief and ps; the chief resumes from the last checkpoint."""
     model_dir = str(tmp_path / "model")
-    job = Job(
-        launch_cmd(
-            ["--num_workers=2", "--num_ps=1", *RESTART],
-            mnist_args(
-                "parameter_server",
-                model_dir,
-                PSS_STEPS,
-                log_every=PSS_LOG_EVERY,
-                checkpoint_every=PSS_CHECKPOINT_EVERY,
-            ),
-        ),
-        str(tmp_path / "launch.out"),
-    )
-    try:
-        # Past the first checkpoint (ckpt-200), so that resuming is from a checkpoint, not from scratch.
-        job.wait_until("a train record at step >= 240", train_step_reached(model_dir, 240))
-        pid = job.task_pid("ps:0")
-        os.kill(pid, signal.SIGKILL)
-        kill_time = time.time()
-        latest_at_kill = latest_step(model_dir)
-        code = job.wait()
-    finally:
-        job.kill_group()
-    out = job.output()
-    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
+    # Past the first checkpoint (ckpt-200), so that resuming is from a checkpoint, not from scratch.
+    run = pss_kill(tmp_path, "ps:0", 240, after=lambda job: latest_step(model_dir))
+    out, latest_at_kill = run.assert_launch_ok(), run.after
     # The launcher may notice the dead ps (137) or the chief that lost it (200) first; either way
     # chief and ps restart together, once.
-    assert re.search(
+    assert_restarted_once(
+        run,
         r"(ps:0 exited with code 137|chief:0 exited with code 200); restarting chief:0, ps:0 in",
-        out,
-    ), out[-6000:]
-    assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
-    records = assert_finished_at(model_dir, PSS_STEPS, out)
-    killed_at = step_before(records, kill_time)
-    assert killed_at < PSS_STEPS, (
-        "the ps was killed after training ended; the fault was not exercised"
     )
-    restored = restored_steps(read_log(model_dir, "chief:0"))
-    assert len(restored) == 1, f"expected one 'restored' line in the chief's log, got {restored}"
-    restored = restored[0]
+    records = assert_finished_at(model_dir, PSS_STEPS, out)
+    killed_at = killed_before_the_end(run, PSS_STEPS, "the ps")
+    restored = the_one_restore(read_log(model_dir, "chief:0"), "the chief's")
     assert latest_at_kill is not None and restored >= latest_at_kill, (restored, latest_at_kill)
     steps_lost = killed_at - restored
     assert 0 <= steps_lost <= PSS_CHECKPOINT_EVERY, (
         f"resumed from step {restored} after a kill at step {killed_at}: more than one checkpoint interval redone"
     )
-    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault(
-        "pss: SIGKILL ps:0",
-        step_at_kill=killed_at,
-        restored=restored,
-        steps_lost=steps_lost,
-        recover_s=recover_s,
-    )
+    record_recovery("pss: SIGKILL ps:0", records, run.fault_time, killed_at, restored)
 
 
 # -- 3. multi_worker_mirrored: a worker is killed --------------------------------
@@ -326,46 +320,33 @@ def last_fingerprint(log: str) -> tuple[int, str]:
 def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
     """kill -9 worker:1: every worker restarts, resumes from the last checkpoint, and they end in sync."""
     model_dir = str(tmp_path / "model")
-    job = Job(
-        launch_cmd(
-            ["--num_workers=2", *RESTART],
-            mnist_args(
-                "multi_worker_mirrored",
-                model_dir,
-                MWMS_STEPS,
-                log_every=10,
-                checkpoint_every=MWMS_CHECKPOINT_EVERY,
-            ),
+    run = fault_run(
+        mnist_args(
+            "multi_worker_mirrored",
+            model_dir,
+            MWMS_STEPS,
+            log_every=10,
+            checkpoint_every=MWMS_CHECKPOINT_EVERY,
         ),
-        str(tmp_path / "launch.out"),
+        tmp_path / "launch.out",
+        launch_args=["--num_workers=2"],
+        policy="OnFailure",
+        kill="worker:1",
+        at_step=120,
+        timeout=TIMEOUT_S,
     )
-    try:
-        job.wait_until("a train record at step >= 120", train_step_reached(model_dir, 120))
-        pid = job.task_pid("worker:1")
-        os.kill(pid, signal.SIGKILL)
-        kill_time = time.time()
-        code = job.wait()
-    finally:
-        job.kill_group()
-    out = job.output()
-    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
+    out = run.assert_launch_ok()
     # worker:1 (137), or worker:0 whose collective lost its peer (200), is noticed first; either
     # way all workers restart together, once.
-    assert re.search(
+    assert_restarted_once(
+        run,
         r"(worker:1 exited with code 137|worker:0 exited with code 200); "
         r"restarting worker:0, worker:1 in",
-        out,
-    ), out[-6000:]
-    assert len(re.findall(r"^\[launch\] .* restarting ", out, re.M)) == 1, out[-6000:]
-    records = assert_finished_at(model_dir, MWMS_STEPS, out)
-    killed_at = step_before(records, kill_time)
-    assert killed_at < MWMS_STEPS, (
-        "the worker was killed after training ended; the fault was not exercised"
     )
+    records = assert_finished_at(model_dir, MWMS_STEPS, out)
+    killed_at = killed_before_the_end(run, MWMS_STEPS, "the worker")
     logs = {role: read_log(model_dir, role) for role in ("worker:0", "worker:1")}
-    restored = restored_steps(logs["worker:0"])
-    assert len(restored) == 1, f"expected one 'restored' line in worker:0's log, got {restored}"
-    restored = restored[0]
+    restored = the_one_restore(logs["worker:0"], "worker:0's")
     steps_lost = killed_at - restored
     assert 0 <= steps_lost <= MWMS_CHECKPOINT_EVERY, (killed_at, restored)
     prints = {role: last_fingerprint(log) for role, log in logs.items()}
@@ -375,14 +356,7 @@ def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
     assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), (
         "throw-away checkpoints were left"
     )
-    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault(
-        "mwms: SIGKILL worker:1",
-        step_at_kill=killed_at,
-        restored=restored,
-        steps_lost=steps_lost,
-        recover_s=recover_s,
-    )
+    record_recovery("mwms: SIGKILL worker:1", records, run.fault_time, killed_at, restored)
 
 
 # -- 4. one_device: the chief is killed, the same command resumes -----------------
@@ -392,50 +366,28 @@ def test_mwms_worker_sigkill_restarts_all_workers_from_checkpoint(tmp_path):
 def test_one_device_chief_sigkill_then_rerun_resumes(tmp_path):
     steps, every = 800, 100
     model_dir = str(tmp_path / "model")
-    cmd = train_cmd(
-        *mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=every)
+    args = mnist_args("one_device", model_dir, steps, log_every=10, checkpoint_every=every)
+    first = fault_run(
+        args, tmp_path / "run1.out", kill=PROCESS, at_step=150, poll_s=0.01, timeout=TIMEOUT_S
     )
-    first = Job(cmd, str(tmp_path / "run1.out"))
-    try:
-        first.wait_until(
-            "a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01
-        )
-        first.proc.send_signal(signal.SIGKILL)
-        kill_time = time.time()
-        code = first.wait()
-    finally:
-        first.kill_group()
-    assert code == -signal.SIGKILL, (
-        f"the first run was not killed (exit {code}):\n{first.output()[-4000:]}"
+    assert first.code == -signal.SIGKILL, (
+        f"the first run was not killed (exit {first.code}):\n{first.out[-4000:]}"
     )
-    killed_at = step_before(clusterlib.train_records(model_dir), kill_time)
+    killed_at = first.step_at_fault
     assert killed_at < steps
     latest_at_kill = latest_step(model_dir)
     assert latest_at_kill is not None, "no checkpoint before the kill"
 
-    second = Job(cmd, str(tmp_path / "run2.out"))
-    try:
-        code = second.wait()
-    finally:
-        second.kill_group()
-    out = second.output()
-    assert code == 0, f"the rerun exited {code}:\n{out[-6000:]}"
-    restored = restored_steps(out)
-    assert restored == [latest_at_kill], f"rerun restored {restored}, want [{latest_at_kill}]"
-    restored = restored[0]
+    out = rerun(args, tmp_path / "run2.out").out
+    restored = rerun_restored(out, latest_at_kill)
     assert (
         f"training done at step {steps} " in out and f"({steps - restored} steps this run)" in out
     ), out[-3000:]
     records = assert_finished_at(model_dir, steps, out)
     steps_lost = killed_at - restored
     assert 0 <= steps_lost <= every, (killed_at, restored)
-    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault(
-        "one_device: SIGKILL chief, rerun",
-        step_at_kill=killed_at,
-        restored=restored,
-        steps_lost=steps_lost,
-        recover_s=recover_s,
+    record_recovery(
+        "one_device: SIGKILL chief, rerun", records, first.fault_time, killed_at, restored
     )
 
 
@@ -451,6 +403,25 @@ def temp_checkpoint(model_dir: str) -> str | None:
     return next((n for n in names if "_temp" in n), None)
 
 
+def sigkill_while_saving(model_dir: str):
+    """A fault_run `before` that SIGKILLs the process as soon as a checkpoint after the first is
+    being written. No step can time that, so it watches for '<ckpt>_temp'; it returns the temporary
+    name and the kill time, or None when the run ended before one was seen."""
+
+    def before(job: clusterlib.BackgroundJob) -> tuple[str, float] | None:
+        job.wait_until("the first checkpoint", lambda: latest_step(model_dir), poll_s=0.05)
+        caught = None
+        while job.proc.poll() is None and caught is None:
+            caught = temp_checkpoint(model_dir)
+            time.sleep(0.001)
+        if caught is None:
+            return None
+        job.proc.send_signal(signal.SIGKILL)
+        return caught, time.time()
+
+    return before
+
+
 @pytest.mark.cluster
 def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
     """A large Dense layer makes each save take a while; SIGKILL lands while '<ckpt>_temp' exists."""
@@ -461,51 +432,34 @@ def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
     )
     for attempt in range(1, 6):
         model_dir = str(tmp_path / f"model{attempt}")
-        cmd = train_cmd(
-            *mnist_args(
-                "one_device", model_dir, steps, log_every=every, checkpoint_every=every, extra=extra
-            )
+        args = mnist_args(
+            "one_device", model_dir, steps, log_every=every, checkpoint_every=every, extra=extra
         )
-        first = Job(cmd, str(tmp_path / f"run{attempt}.out"))
-        try:
-            first.wait_until(
-                "the first checkpoint", lambda md=model_dir: latest_step(md), poll_s=0.05
-            )
-            caught = None
-            while first.proc.poll() is None and caught is None:
-                caught = temp_checkpoint(model_dir)
-                time.sleep(0.001)
-            if caught is not None:
-                first.proc.send_signal(signal.SIGKILL)
-                kill_time = time.time()
-            code = first.wait()
-        finally:
-            first.kill_group()
-        if caught is not None and code == -signal.SIGKILL:
+        first = fault_run(
+            args,
+            tmp_path / f"run{attempt}.out",
+            before=sigkill_while_saving(model_dir),
+            timeout=TIMEOUT_S,
+        )
+        if first.before is not None and first.code == -signal.SIGKILL:
+            caught, kill_time = first.before
             break
         print(
-            f"[durability] attempt {attempt}: missed the checkpoint write (exit {code}); retrying"
+            f"[durability] attempt {attempt}: missed the checkpoint write (exit {first.code}); "
+            "retrying"
         )
     else:
         pytest.fail("could not SIGKILL the process during a checkpoint write in 5 attempts")
     left = sorted(n for n in os.listdir(model_dir) if "_temp" in n)
     saving = int(re.match(r"ckpt-(\d+)_temp", caught).group(1))
-    killed_at = max(step_before(clusterlib.train_records(model_dir), kill_time), saving)
+    killed_at = max(step_before(first.records, kill_time), saving)
     complete = checkpoint_steps(model_dir)
     latest_at_kill = latest_step(model_dir)
     assert latest_at_kill is not None and latest_at_kill < saving, (latest_at_kill, saving)
     print(f"[durability] killed while writing {caught}; left behind: {left}; complete: {complete}")
 
-    second = Job(cmd, str(tmp_path / "rerun.out"))
-    try:
-        code = second.wait()
-    finally:
-        second.kill_group()
-    out = second.output()
-    assert code == 0, f"the rerun exited {code}:\n{out[-6000:]}"
-    restored = restored_steps(out)
-    assert restored == [latest_at_kill], f"rerun restored {restored}, want [{latest_at_kill}]"
-    restored = restored[0]
+    out = rerun(args, tmp_path / "rerun.out").out
+    restored = rerun_restored(out, latest_at_kill)
     records = assert_finished_at(model_dir, steps, out)
     # Every checkpoint left in model_dir (including the one rewritten at `saving`) is readable.
     for step in checkpoint_steps(model_dir):
@@ -513,13 +467,8 @@ def test_sigkill_during_checkpoint_write_restores_previous_checkpoint(tmp_path):
         assert reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE") == step
     # The half-written checkpoint's temporary directory was cleaned up by the restart.
     assert not [n for n in os.listdir(model_dir) if "_temp" in n], os.listdir(model_dir)
-    recover_s = first_record_after(records, kill_time, restored)["time"] - kill_time
-    record_fault(
-        "one_device: SIGKILL during ckpt write",
-        step_at_kill=killed_at,
-        restored=restored,
-        steps_lost=killed_at - restored,
-        recover_s=recover_s,
+    record_recovery(
+        "one_device: SIGKILL during ckpt write", records, kill_time, killed_at, restored
     )
 
 
@@ -575,9 +524,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_checkpoints_finite(tmp_path, s
             f"--gin_bindings=NanTrainer.nan_at_step={NAN_STEP}",
         ),
     )
-    env = clusterlib.base_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
-    result = clusterlib.run(train_cmd(*args), env=env, timeout=TIMEOUT_S)
+    result = clusterlib.run(train_cmd(*args), env=clusterlib.user_env(tmp_path), timeout=TIMEOUT_S)
     out = result.stdout
     assert result.returncode == 1, f"exit {result.returncode}, want 1:\n{out[-6000:]}"
     assert re.search(rf"error: the training loss became NaN or Inf at step {NAN_STEP}\b", out), out[
@@ -677,51 +624,43 @@ RESUME_TOLERANCE = 0.03
 def test_sigterm_resume_matches_uninterrupted_run(tmp_path):
     steps = 400
 
-    def cmd(model_dir):
-        return train_cmd(
-            *mnist_args(
-                "one_device",
-                model_dir,
-                steps,
-                log_every=10,
-                checkpoint_every=100,
-                extra=("--gin_bindings=train.seed=42",),
-            )
+    def args(model_dir):
+        return mnist_args(
+            "one_device",
+            model_dir,
+            steps,
+            log_every=10,
+            checkpoint_every=100,
+            extra=("--gin_bindings=train.seed=42",),
         )
 
     # The uninterrupted run goes alongside the first (interrupted) one, to save wall time.
     base_dir = str(tmp_path / "uninterrupted")
-    base = Job(cmd(base_dir), str(tmp_path / "uninterrupted.out"))
+    base = Job(train_cmd(*args(base_dir)), str(tmp_path / "uninterrupted.out"))
     model_dir = str(tmp_path / "resumed")
-    first = Job(cmd(model_dir), str(tmp_path / "run1.out"))
     try:
-        first.wait_until(
-            "a train record at step >= 150", train_step_reached(model_dir, 150), poll_s=0.01
+        first = fault_run(
+            args(model_dir),
+            tmp_path / "run1.out",
+            kill=PROCESS,
+            at_step=150,
+            signal=signal.SIGTERM,
+            poll_s=0.01,
+            timeout=TIMEOUT_S,
         )
-        first.proc.send_signal(signal.SIGTERM)
-        kill_time = time.time()
-        code = first.wait()
-        exit_time = time.time()
         base_code = base.wait()
     finally:
-        first.kill_group()
         base.kill_group()
     assert base_code == 0, base.output()[-6000:]
-    out1 = first.output()
+    out1, code, kill_time, exit_time = first.out, first.code, first.fault_time, first.end_time
     assert code == 143, f"SIGTERM exit code {code}, want 143:\n{out1[-4000:]}"
     stopped = re.search(r"stopped by SIGTERM at step (\d+) after saving a checkpoint", out1)
     assert stopped, out1[-4000:]
     stopped = int(stopped.group(1))
     assert 150 <= stopped < steps and latest_step(model_dir) == stopped
 
-    rerun_time = time.time()
-    second = Job(cmd(model_dir), str(tmp_path / "run2.out"))
-    try:
-        code = second.wait()
-    finally:
-        second.kill_group()
-    out2 = second.output()
-    assert code == 0, f"the rerun exited {code}:\n{out2[-6000:]}"
+    second = rerun(args(model_dir), tmp_path / "run2.out")
+    out2, rerun_time = second.out, second.start_time
     assert restored_steps(out2) == [stopped], restored_steps(out2)
     records = assert_finished_at(model_dir, steps, out2)
 

@@ -15,6 +15,7 @@ import re
 import clusterlib
 import pytest
 from clusterlib import FAST_MNIST, launch_cmd, strategy_gin
+from faultlib import fault_run
 
 STEPS = 2000
 TIMEOUT_S = 400
@@ -36,25 +37,20 @@ def _train_args(model_dir: str) -> list[str]:
 @pytest.mark.cluster
 def test_a_worker_lost_for_good_shrinks_the_job_which_ends_at_train_steps(tmp_path):
     model_dir = str(tmp_path / "model")
-    job = clusterlib.BackgroundJob(
-        launch_cmd(["--num_workers=3", "--min_workers=2"], _train_args(model_dir)),
-        str(tmp_path / "launch.out"),
+    run = fault_run(
+        _train_args(model_dir),
+        tmp_path / "launch.out",
+        launch_args=["--num_workers=3", "--min_workers=2"],
+        kill="worker:2",
+        at_step=300,  # past ckpt-200: every worker saves it before it takes step 201
+        timeout=TIMEOUT_S,
     )
-    job.timeout_s = TIMEOUT_S
-    try:
-        # Past ckpt-200: every worker saves it before it takes step 201.
-        job.kill_at_step("worker:2", model_dir, 300)
-        code = job.wait()
-    finally:
-        job.kill_group()
-    out = job.output()
-    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
-    assert re.search(
+    out = run.assert_launch_ok()
+    run.assert_said(
         r"\[launch\] worker:2 exited with code 137 and is not restarted \(the Never policy does not "
         r"retry it\); membership 3 -> 2 workers \(--min_workers=2\): restarting worker:0, worker:1 "
-        r"from the last checkpoint with the same global batch",
-        out,
-    ), out[-6000:]
+        r"from the last checkpoint with the same global batch"
+    )
     with open(os.path.join(model_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     (change,) = [r for r in records if r["kind"] == "membership"]

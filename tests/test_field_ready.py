@@ -18,15 +18,15 @@ import time
 import clusterlib
 import numpy as np
 import pytest
-from clusterlib import FAST_MNIST, HandCluster, launch_cmd, strategy_gin
+from clusterlib import FAST_MNIST, BackgroundJob, HandCluster, launch_cmd, strategy_gin
+from faultlib import FaultRun, fault_run, step_before
 from test_durability import (
-    Job,
     assert_finished_at,
-    first_record_after,
+    killed_before_the_end,
     read_log,
     record_fault,
+    record_recovery,
     restored_steps,
-    step_before,
 )
 
 TIMEOUT_S = 240
@@ -98,10 +98,10 @@ def test_pss_workers_train_on_disjoint_shares_with_a_seed(tmp_path):
         "--gin_bindings=Trainer.global_batch_size=16",
         f"--model_dir={model_dir}",
     ]
-    env = clusterlib.base_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
     result = clusterlib.run(
-        launch_cmd(["--num_workers=2", "--num_ps=1"], train_args), env=env, timeout=TIMEOUT_S
+        launch_cmd(["--num_workers=2", "--num_ps=1"], train_args),
+        env=clusterlib.user_env(tmp_path),
+        timeout=TIMEOUT_S,
     )
     assert result.returncode == 0, result.stdout[-6000:]
     with open(os.path.join(model_dir, "seen.json")) as f:
@@ -128,72 +128,72 @@ def pss_mnist_args(model_dir: str, steps: int = PSS_STEPS) -> list[str]:
     ]
 
 
+def launched_pss(tmp_path, steps: int, *launch_flags: str, **fault) -> FaultRun:
+    """A chief, 2 workers and a ps from tfdist-launch with its defaults (no restart policy),
+    training into tmp_path/model, run to its end; `fault` is fault_run's."""
+    return fault_run(
+        pss_mnist_args(str(tmp_path / "model"), steps),
+        tmp_path / "launch.out",
+        launch_args=["--num_workers=2", "--num_ps=1", *launch_flags],
+        timeout=TIMEOUT_S,
+        **fault,
+    )
+
+
 @pytest.mark.cluster
 def test_pss_worker_sigkill_with_the_default_policy_does_not_end_the_job(tmp_path):
     """kill -9 worker:1 under tfdist-launch's defaults (no restart): the job finishes exactly, exit 0."""
     model_dir = str(tmp_path / "model")
-    job = Job(
-        launch_cmd(["--num_workers=2", "--num_ps=1"], pss_mnist_args(model_dir)),
-        str(tmp_path / "launch.out"),
-    )
-    try:
-        kill_time = job.kill_at_step("worker:1", model_dir, 150)
-        code = job.wait()
-    finally:
-        job.kill_group()
-    out = job.output()
-    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
-    assert re.search(
+    run = launched_pss(tmp_path, PSS_STEPS, kill="worker:1", at_step=150)
+    out = run.assert_launch_ok()
+    run.assert_said(
         r"worker:1 exited with code 137 and is not restarted \(the Never policy does not retry "
-        r"it\); the job goes on with 1 of 2 workers",
-        out,
-    ), out[-6000:]
+        r"it\); the job goes on with 1 of 2 workers"
+    )
     assert "restarting" not in out, out[-6000:]
     records = assert_finished_at(model_dir, PSS_STEPS, out)
     steps = [r["step"] for r in records]
     assert steps == sorted(set(steps)), f"one run, no step counted twice: {steps}"
-    killed_at = step_before(records, kill_time)
-    assert killed_at < PSS_STEPS, (
-        "the worker was killed after training ended; the fault was not exercised"
-    )
+    killed_at = killed_before_the_end(run, PSS_STEPS, "the worker")
     chief_log = read_log(model_dir, "chief:0")
     assert restored_steps(chief_log) == [] and f"training done at step {PSS_STEPS}" in chief_log
-    recover_s = first_record_after(records, kill_time)["time"] - kill_time
-    record_fault(
-        "pss: SIGKILL worker:1, default policy (Never)",
-        step_at_kill=killed_at,
-        restored="- (no restart)",
-        steps_lost=0,
-        recover_s=recover_s,
+    record_recovery(
+        "pss: SIGKILL worker:1, default policy (Never)", records, run.fault_time, killed_at
     )
 
 
 @pytest.mark.cluster
 def test_pss_job_fails_in_one_sentence_when_no_worker_is_left(tmp_path):
     model_dir = str(tmp_path / "model")
-    job = Job(
-        launch_cmd(
-            ["--num_workers=2", "--num_ps=1", "--grace_s=3"], pss_mnist_args(model_dir, 5000)
-        ),
-        str(tmp_path / "launch.out"),
-    )
-    try:
-        job.kill_at_step("worker:1", model_dir, 1)
+
+    def kill_the_last_worker(job: BackgroundJob) -> None:
         job.wait_until(
             "the launcher going on without worker:1", lambda: "the job goes on" in job.output()
         )
         os.kill(job.task_pid("worker:0"), signal.SIGKILL)
-        code = job.wait()
-    finally:
-        job.kill_group()
-    out = job.output()
-    assert code == 137, f"tfdist-launch exited {code}, want 137:\n{out[-6000:]}"
-    assert re.search(
+
+    run = launched_pss(
+        tmp_path, 5000, "--grace_s=3", kill="worker:1", at_step=1, after=kill_the_last_worker
+    )
+    assert run.code == 137, f"tfdist-launch exited {run.code}, want 137:\n{run.out[-6000:]}"
+    run.assert_said(
         r"worker:0 exited with code 137 and was the last worker left; stopping the cluster because "
-        r"no worker can run the job's steps",
-        out,
-    ), out[-6000:]
+        r"no worker can run the job's steps"
+    )
     assert clusterlib.no_process_left(model_dir) == []
+
+
+def hand_started_pss(tmp_path, steps: int, **kwargs) -> HandCluster:
+    """A chief, 2 workers and a ps, each a tfdist-train started by hand (as a user without the
+    launcher would), training into tmp_path/model with their logs in tmp_path/logs."""
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    return HandCluster(
+        clusterlib.free_port_cluster({"chief": 1, "worker": 2, "ps": 1}),
+        pss_mnist_args(str(tmp_path / "model"), steps),
+        str(log_dir),
+        **kwargs,
+    )
 
 
 @pytest.mark.cluster
@@ -201,15 +201,8 @@ def test_hand_started_pss_survives_a_killed_worker_and_servers_exit_on_the_marke
     """Classic flags, one process per task started by hand: kill -9 worker:1; the chief still ends exactly
     at train_steps and the remaining ps and worker exit 0 on the done marker."""
     model_dir = str(tmp_path / "model")
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
     steps = 400
-    hand = HandCluster(
-        clusterlib.free_port_cluster({"chief": 1, "worker": 2, "ps": 1}),
-        pss_mnist_args(model_dir, steps),
-        str(log_dir),
-        use_flags=True,
-    )
+    hand = hand_started_pss(tmp_path, steps, use_flags=True)
     try:
         hand.start_all()
         hand.wait_for_train_step(model_dir, 100, TIMEOUT_S)
@@ -233,13 +226,10 @@ def test_serving_tasks_exit_retryable_when_the_chief_vanishes(tmp_path):
     """kill -9 the chief: ps and workers give up after --chief_gone_grace_s with exit code 201 (retryable),
     never 0, because the job did not finish."""
     model_dir = str(tmp_path / "model")
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
     grace_s = 3
-    hand = HandCluster(
-        clusterlib.free_port_cluster({"chief": 1, "worker": 2, "ps": 1}),
-        pss_mnist_args(model_dir, 5000),
-        str(log_dir),
+    hand = hand_started_pss(
+        tmp_path,
+        5000,
         per_task_args={t: [f"--chief_gone_grace_s={grace_s}"] for t in ("ps", "worker")},
     )
     try:

@@ -29,7 +29,7 @@ import clusterlib
 import numpy as np
 import pytest
 import tensorflow as tf
-from clusterlib import launch_cmd, strategy_gin, train_cmd
+from clusterlib import launch_cmd, strategy_gin, train_cmd, user_env
 from test_durability import checkpoint_steps, latest_step
 from test_user_module import USER_MODULE
 
@@ -122,12 +122,6 @@ def project(tmp_path_factory):
     (path / "my_trainers.py").write_text(USER_MODULE)
     (path / "hook_trainers.py").write_text(HOOK_MODULE)
     return path
-
-
-def user_env(project) -> dict[str, str]:
-    env = clusterlib.base_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(project), env["PYTHONPATH"]])
-    return env
 
 
 def train_args(model_dir, *bindings: str, strategy: str = "one_device") -> list[str]:
@@ -230,16 +224,26 @@ def test_early_stopping_mode_max_stops_at_the_first_non_improvement(early_stop_e
     )
 
 
+def train_early_stopping(project, model_dir, *settings: str):
+    """200 steps, an evaluation every 10 (EarlyStopping acts on evaluations), and EarlyStopping
+    configured by the gin bindings `settings`."""
+    return train(
+        project,
+        model_dir,
+        "train.train_steps=200",
+        "train.eval_every_n_steps=10",
+        "train.extra_hooks=[@EarlyStopping()]",
+        *settings,
+    )
+
+
 def test_early_stopping_min_delta_and_patience(project, tmp_path):
     """No accuracy improves by min_delta=2: the second evaluation after the first one stops the run."""
     model_dir = tmp_path / "model"
     out = expect_exit(
-        train(
+        train_early_stopping(
             project,
             model_dir,
-            "train.train_steps=200",
-            "train.eval_every_n_steps=10",
-            "train.extra_hooks=[@EarlyStopping()]",
             "EarlyStopping.monitor='eval_accuracy'",
             "EarlyStopping.mode='max'",
             "EarlyStopping.min_delta=2.0",
@@ -266,15 +270,7 @@ def test_early_stopping_unknown_monitor_names_the_choices(project, tmp_path):
     """Found at the first evaluation (the metric names come from the model): a configuration error, exit 2."""
     model_dir = tmp_path / "model"
     out = expect_exit(
-        train(
-            project,
-            model_dir,
-            "train.train_steps=200",
-            "train.eval_every_n_steps=10",
-            "train.extra_hooks=[@EarlyStopping()]",
-            "EarlyStopping.monitor='eval_auc'",
-        ),
-        2,
+        train_early_stopping(project, model_dir, "EarlyStopping.monitor='eval_auc'"), 2
     )
     assert error_line(out) == (
         "EarlyStopping.monitor='eval_auc' is not an eval metric; choose one of "

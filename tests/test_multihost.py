@@ -42,14 +42,13 @@ import time
 import clusterlib
 import pytest
 import tensorflow as tf
-from clusterlib import FAST_MNIST, REPO, HandCluster, read_records, strategy_gin
+from clusterlib import REPO, HandCluster, chief_gone_grace, mnist_args, read_records
 from netlab import VirtualLan
 
 from tfdist_trainer.launch import netns
 
 PORT = 2222
 STEPS = 150
-PSS_STEPS_PER_LOOP = 10
 TIMEOUT_S = 300
 MIN_EVAL_ACCURACY = 0.6  # 150 steps on the digits set reach ~0.9; chance is 0.1
 
@@ -111,19 +110,6 @@ class LanCluster(HandCluster):
         return proc
 
 
-def mnist_args(strategy: str, model_dir: str, steps: int, *extra: str) -> list[str]:
-    args = [
-        *FAST_MNIST,
-        strategy_gin(strategy),
-        f"--gin_bindings=train.train_steps={steps}",
-        f"--model_dir={model_dir}",
-        *extra,
-    ]
-    if strategy == "parameter_server":
-        args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
-    return args
-
-
 def hosts_of(layout: dict[str, int]) -> list[str]:
     return [f"{t}{i}" for t, n in layout.items() for i in range(n)]
 
@@ -156,24 +142,15 @@ def run_lan_cluster(
     model_dir = str(tmp_path / "model")
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
-    per_task = (
-        {t: ["--chief_gone_grace_s=5"] for t in ("ps", "worker")}
-        if strategy == "parameter_server"
-        else {}
-    )
     hand = LanCluster(
         lan,
         layout,
         mnist_args(strategy, model_dir, STEPS),
         str(log_dir),
-        per_task_args=per_task,
+        per_task_args=chief_gone_grace(strategy, 5),
         use_flags=use_flags,
     )
-    try:
-        hand.start_all()
-        codes = hand.wait_all(timeout=TIMEOUT_S)
-    finally:
-        hand.kill_all()
+    codes = hand.run_all(timeout=TIMEOUT_S)
     logs = hand.logs()
     assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
     assert_finished(model_dir, STEPS, logs)
@@ -201,24 +178,31 @@ def test_multi_worker_mirrored_across_two_hosts(make_lan, tmp_path):
     assert "strategy multi_worker_mirrored with 2 replica(s) in sync" in logs
 
 
+def partitionable_pss(
+    make_lan, tmp_path, grace_s: float, *extra: str
+) -> tuple[VirtualLan, LanCluster]:
+    """A parameter_server job of PARTITION_STEPS on four hosts (chief, 2 workers, a ps), not yet
+    started, whose links the test can cut. Its serving tasks wait `grace_s` for a chief they cannot
+    reach, so the cut (or the chief's restart) a test makes must fit in it. Model in
+    tmp_path/model, logs in tmp_path/logs."""
+    layout = {"chief": 1, "worker": 2, "ps": 1}
+    lan = make_lan(hosts_of(layout))
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    args = mnist_args("parameter_server", str(tmp_path / "model"), PARTITION_STEPS, *extra)
+    hand = LanCluster(
+        lan, layout, args, str(log_dir), per_task_args=chief_gone_grace("parameter_server", grace_s)
+    )
+    return lan, hand
+
+
 @pytest.mark.cluster
 def test_parameter_server_survives_a_partitioned_worker(make_lan, tmp_path):
     """worker:1's link goes down mid-run for PARTITION_S seconds; the run ends exactly at train_steps,
     without a restart or a restore."""
-    layout = {"chief": 1, "worker": 2, "ps": 1}
-    lan = make_lan(hosts_of(layout))
     model_dir = str(tmp_path / "model")
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    args = mnist_args(
-        "parameter_server", model_dir, PARTITION_STEPS, "--gin_bindings=train.log_every_n_steps=20"
-    )
-    hand = LanCluster(
-        lan,
-        layout,
-        args,
-        str(log_dir),
-        per_task_args={t: ["--chief_gone_grace_s=30"] for t in ("ps", "worker")},
+    lan, hand = partitionable_pss(
+        make_lan, tmp_path, 30, "--gin_bindings=train.log_every_n_steps=20"
     )
     try:
         hand.start_all()
@@ -267,25 +251,14 @@ def test_parameter_server_watchdog_ends_a_stall_and_a_restart_resumes(make_lan, 
     """worker:1's link stays down past parameter_server.stall_timeout_s: the chief names worker:1, saves a
     checkpoint and exits 200 (retryable) instead of waiting forever; chief and ps restarted (what a
     restart policy does) resume from that checkpoint and end exactly at train_steps."""
-    layout = {"chief": 1, "worker": 2, "ps": 1}
-    lan = make_lan(hosts_of(layout))
-    model_dir = str(tmp_path / "model")
-    log_dir = tmp_path / "logs"
-    log_dir.mkdir()
-    args = mnist_args(
-        "parameter_server",
-        model_dir,
-        PARTITION_STEPS,
+    model_dir, log_dir = str(tmp_path / "model"), tmp_path / "logs"
+    lan, hand = partitionable_pss(
+        make_lan,
+        tmp_path,
+        120,
         "--gin_bindings=train.log_every_n_steps=20",
         "--gin_bindings=train.checkpoint_every_n_steps=40",
         f"--gin_bindings=parameter_server.stall_timeout_s={STALL_TIMEOUT_S}",
-    )
-    hand = LanCluster(
-        lan,
-        layout,
-        args,
-        str(log_dir),
-        per_task_args={t: ["--chief_gone_grace_s=120"] for t in ("ps", "worker")},
     )
     try:
         hand.start_all()

@@ -25,48 +25,47 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 
 import clusterlib
 import pytest
-from clusterlib import launch_cmd, train_step_reached
+from clusterlib import BackgroundJob, train_step_reached
+from faultlib import POLICY_FLAGS, FaultRun, fault_run
 from test_durability import (
-    RESTART,
-    Job,
+    TIMEOUT_S,
     assert_finished_at,
     latest_step,
     mnist_args,
     read_log,
     restored_steps,
-    step_before,
 )
 
 STEPS = 1400
 CHECKPOINT_EVERY = 200
 LOG_EVERY = 20
 
-POLICIES = {"Never": [], "OnFailure": RESTART}
 
-
-def launch(tmp_path, name: str, launch_args: list[str]) -> tuple[Job, str]:
-    model_dir = str(tmp_path / "model")
+def launch(tmp_path, name: str, policy: str, **fault) -> FaultRun:
+    """The job (chief, 2 workers, 1 ps, an evaluator) under `policy`, run to its end; `fault` is
+    fault_run's: the signals dealt on the way."""
     args = mnist_args(
         "parameter_server",
-        model_dir,
+        str(tmp_path / "model"),
         STEPS,
         log_every=LOG_EVERY,
         checkpoint_every=CHECKPOINT_EVERY,
     )
-    job = Job(
-        launch_cmd(["--num_workers=2", "--num_ps=1", "--evaluator", *launch_args], args),
-        str(tmp_path / f"{name}.out"),
+    return fault_run(
+        args,
+        tmp_path / f"{name}.out",
+        launch_args=["--num_workers=2", "--num_ps=1", "--evaluator"],
+        policy=policy,
+        timeout=TIMEOUT_S,
+        **fault,
     )
-    return job, model_dir
 
 
-def sigterm(job: Job, role: str) -> float:
+def sigterm(job: BackgroundJob, role: str) -> None:
     os.kill(job.task_pid(role), signal.SIGTERM)
-    return time.time()
 
 
 def one_line(pattern: str, text: str) -> re.Match:
@@ -80,11 +79,13 @@ def launcher_restarts(out: str) -> list[str]:
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", POLICY_FLAGS)
 def test_sigterm_to_a_worker_the_evaluator_then_the_ps(tmp_path, policy):
-    job, model_dir = launch(tmp_path, "run1", POLICIES[policy])
+    model_dir = str(tmp_path / "model")
     eval_path = os.path.join(model_dir, "eval", "metrics.jsonl")
-    try:
+
+    def worker_then_evaluator(job: BackgroundJob) -> int | None:
+        """The two SIGTERMs before the ps's; returns the last periodic checkpoint before it."""
         job.wait_until("a train record at step >= 100", train_step_reached(model_dir, 100))
         sigterm(job, "worker:1")
         job.wait_until("the evaluator's first evaluation", lambda: clusterlib.read_jsonl(eval_path))
@@ -97,14 +98,13 @@ def test_sigterm_to_a_worker_the_evaluator_then_the_ps(tmp_path, policy):
             train_step_reached(model_dir, ps_step),
             poll_s=0.01,
         )
-        periodic = latest_step(model_dir)
-        kill_time = sigterm(job, "ps:0")
-        code = job.wait()
-    finally:
-        job.kill_group()
-    out = job.output()
-    records = clusterlib.train_records(model_dir)
-    at_signal = step_before(records, kill_time)
+        return latest_step(model_dir)
+
+    run = launch(
+        tmp_path, "run1", policy, before=worker_then_evaluator, kill="ps:0", signal=signal.SIGTERM
+    )
+    out, code, periodic = run.out, run.code, run.before
+    at_signal = run.step_at_fault
     assert at_signal < STEPS, "the ps got SIGTERM after training ended; nothing was exercised"
 
     # 1. The worker leaves in one line, and the launcher says what the job does without it.
@@ -156,21 +156,15 @@ def test_sigterm_to_a_worker_the_evaluator_then_the_ps(tmp_path, policy):
 
     if policy == "Never":
         assert code == 143, f"tfdist-launch exited {code}, want 143:\n{out[-8000:]}"
-        assert re.search(
+        run.assert_said(
             r"^\[launch\] (chief|ps):0 exited with code 143 \(preempted\); stopping the cluster "
             r"because the Never policy does not retry it",
-            out,
             re.M,
-        ), out[-6000:]
+        )
         assert launcher_restarts(out) == [], out[-6000:]
         assert latest_step(model_dir) == saved
         # The user runs the same command again: it resumes from that checkpoint.
-        job, _ = launch(tmp_path, "run2", [])
-        try:
-            code = job.wait()
-        finally:
-            job.kill_group()
-        out = job.output()
+        run = launch(tmp_path, "run2", "Never")
     else:
         one_line(
             r"^\[launch\] (chief|ps):0 exited with code 143 \(preempted\); restarting chief:0, "
@@ -178,10 +172,10 @@ def test_sigterm_to_a_worker_the_evaluator_then_the_ps(tmp_path, policy):
             out,
         )
         assert len(launcher_restarts(out)) == 2, launcher_restarts(out)
-    assert code == 0, f"tfdist-launch exited {code}:\n{out[-8000:]}"
+    out = run.assert_launch_ok()
     # Only the ps's preemption restarted the chief, from the checkpoint it saved then.
     assert restored_steps(read_log(model_dir, "chief:0")) == [saved]
-    records = assert_finished_at(model_dir, STEPS, out)
+    assert_finished_at(model_dir, STEPS, out)
     print(
         f"\n[preemption] {policy}: SIGTERM to ps:0 after step {at_signal} (periodic checkpoint "
         f"{periodic}); the chief saved step {saved}; the job resumed from it and ended at {STEPS}"

@@ -16,7 +16,7 @@ import textwrap
 
 import clusterlib
 import pytest
-from clusterlib import launch_cmd, strategy_gin, train_cmd
+from clusterlib import launch_cmd, strategy_gin, train_cmd, user_env
 from test_user_module import USER_MODULE
 
 TIMEOUT_S = 240
@@ -57,12 +57,6 @@ def context_project(tmp_path):
     yield tmp_path
 
 
-def _env(project) -> dict[str, str]:
-    env = clusterlib.base_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(project), env["PYTHONPATH"]])
-    return env
-
-
 def _contexts(model_dir: str) -> dict[str, dict]:
     directory = os.path.join(model_dir, "context")
     return {
@@ -77,7 +71,7 @@ def test_one_device_trainer_sees_a_lone_chief(context_project):
         train_cmd(
             "--gin_file=my_experiment.gin", strategy_gin("one_device"), f"--model_dir={model_dir}"
         ),
-        env=_env(context_project),
+        env=user_env(context_project),
         cwd=str(context_project),
         timeout=TIMEOUT_S,
     )
@@ -106,7 +100,7 @@ def test_parameter_server_chief_and_evaluator_see_their_tasks(context_project):
                 f"--model_dir={model_dir}",
             ],
         ),
-        env=_env(context_project),
+        env=user_env(context_project),
         cwd=str(context_project),
         timeout=TIMEOUT_S,
     )

@@ -19,7 +19,7 @@ import re
 import clusterlib
 import pytest
 import tensorflow as tf
-from clusterlib import FAST_MNIST, HandCluster, launch_cmd, read_records, strategy_gin
+from clusterlib import HandCluster, chief_gone_grace, launch_cmd, mnist_args, read_records
 
 from tfdist_trainer.launch import console
 
@@ -27,25 +27,12 @@ from tfdist_trainer.launch import console
 SYNC_STEPS = 200
 # Not a multiple of parameter_server.steps_per_loop: the last scheduled closure must be shortened.
 PSS_STEPS = 205
-PSS_STEPS_PER_LOOP = 10
 MIN_EVAL_ACCURACY = 0.8
 TIMEOUT_S = 240
 
 PSS_LAYOUT = {"chief": 1, "worker": 2, "ps": 1}
 # Replicas in sync each strategy must report: proves the strategy (and the 2 logical CPUs) were used.
 REPLICAS = {"one_device": 1, "mirrored": 2, "multi_worker_mirrored": 2, "parameter_server": 1}
-
-
-def mnist_args(strategy: str, model_dir: str, steps: int) -> list[str]:
-    args = [
-        *FAST_MNIST,
-        strategy_gin(strategy),
-        f"--gin_bindings=train.train_steps={steps}",
-        f"--model_dir={model_dir}",
-    ]
-    if strategy == "parameter_server":
-        args.append(f"--gin_bindings=parameter_server.steps_per_loop={PSS_STEPS_PER_LOOP}")
-    return args
 
 
 def assert_trained(model_dir: str, steps: int, context: str = "") -> dict:
@@ -213,24 +200,15 @@ def run_hand_cluster(
     log_dir = tmp_path / "logs"
     log_dir.mkdir()
     args = mnist_args(strategy, model_dir, steps)
-    per_task = (
-        {t: ["--chief_gone_grace_s=2"] for t in ("ps", "worker")}
-        if strategy == "parameter_server"
-        else {}
-    )
     hand = HandCluster(
         clusterlib.free_port_cluster(layout),
         args,
         str(log_dir),
-        per_task_args=per_task,
+        per_task_args=chief_gone_grace(strategy, 2),
         use_flags=use_flags,
     )
-    try:
-        hand.start_all()
-        codes = hand.wait_all(timeout=TIMEOUT_S)
-    finally:
-        hand.kill_all()
-    logs = "\n".join(f"--- {role}\n{hand.log(role)[-3000:]}" for role in hand.procs)
+    codes = hand.run_all(timeout=TIMEOUT_S)
+    logs = hand.logs()
     assert codes == {role: 0 for role in hand.procs}, f"exit codes {codes}\n{logs}"
     assert set(codes) == {f"{t}:{i}" for t, n in layout.items() for i in range(n)}
     assert_strategy_used("\n".join(hand.log(role) for role in hand.procs), strategy)

@@ -39,7 +39,8 @@ STRATEGIES = {
 }
 
 
-def build(strategy: str, **kwargs) -> list[dict]:
+def manifest_settings(strategy: str, **kwargs) -> dict:
+    """k8s.manifests' arguments for a 2-worker, 1-ps job of `strategy`, with `kwargs` on top."""
     settings = dict(
         strategy_config=STRATEGIES[strategy],
         name="mnist",
@@ -49,7 +50,11 @@ def build(strategy: str, **kwargs) -> list[dict]:
         num_ps=1,
     )
     settings.update(kwargs)
-    objects = k8s.manifests(**settings)
+    return settings
+
+
+def build(strategy: str, **kwargs) -> list[dict]:
+    objects = k8s.manifests(**manifest_settings(strategy, **kwargs))
     parsed = list(yaml.safe_load_all(k8s.to_yaml(objects)))
     assert parsed == objects, "the YAML does not read back as the objects it was written from"
     assert json.loads(k8s.to_json(objects))["items"] == objects
@@ -317,14 +322,7 @@ def test_indexed_restart_policies(policy, pod_restart, backoff, has_failure_poli
     ],
 )
 def test_bad_settings_name_the_fix(change, words):
-    settings = dict(
-        strategy_config=STRATEGIES["parameter_server"],
-        name="mnist",
-        image="img:1",
-        train_args=TRAIN_ARGS,
-        num_workers=2,
-        num_ps=1,
-    )
+    settings = manifest_settings("parameter_server", image="img:1")
     settings.update(change)
     with pytest.raises(k8s.ManifestError) as raised:
         k8s.manifests(**settings)
