@@ -88,6 +88,13 @@ def assert_one_error_line(result: subprocess.CompletedProcess, code: int, *fragm
     return errors[0]
 
 
+def script_result(output: str) -> dict:
+    """The JSON a test script printed on its last ``RESULT {...}`` line."""
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert lines, output[-5000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
 def launch_cmd(launch_args: Sequence[str], train_args: Sequence[str]) -> list[str]:
     return [PYTHON, "-m", "tfdist_trainer.launch.main", *launch_args, "--", *train_args]
 

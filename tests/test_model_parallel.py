@@ -24,7 +24,15 @@ import textwrap
 
 import clusterlib
 import pytest
-from clusterlib import REPO, assert_one_error_line, base_env, read_records, strategy_gin, train_cmd
+from clusterlib import (
+    REPO,
+    assert_one_error_line,
+    base_env,
+    read_records,
+    script_result,
+    strategy_gin,
+    train_cmd,
+)
 
 from tfdist_trainer.model_parallel import placement as placement_lib
 
@@ -311,12 +319,6 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
     report["backward_matmul_devices"] = backward
     print("RESULT " + json.dumps(report))
 """)
-
-
-def script_result(output: str) -> dict:
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert lines, output[-5000:]
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.mark.timeout(300)

@@ -18,13 +18,19 @@ Training under every strategy is the zoo's (tests/test_zoo_keras_hub_*.py).
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 
 import clusterlib
 import pytest
-from clusterlib import REPO, assert_one_error_line, read_records, strategy_gin, train_cmd
+from clusterlib import (
+    REPO,
+    assert_one_error_line,
+    read_records,
+    script_result,
+    strategy_gin,
+    train_cmd,
+)
 
 TIMEOUT_S = 240
 
@@ -90,12 +96,6 @@ GRAPH_SCRIPT = textwrap.dedent("""
             report["wrong"].append([op.name, actual, planned, path])
     print("RESULT " + json.dumps(report))
 """)
-
-
-def script_result(output: str) -> dict:
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert lines, output[-5000:]
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.mark.timeout(300)
