@@ -12,7 +12,7 @@ from absl import logging
 
 from tfdist_trainer.runtime import data_service, watchdog
 from tfdist_trainer.runtime.loops.body import LoopResult, combine, train_dataset_fn, train_loop_fn
-from tfdist_trainer.runtime.loops.size import FixedStepsPerLoop, StepsPerLoopTuner
+from tfdist_trainer.runtime.loops.size import StepsPerLoopTuner, as_loop_size
 from tfdist_trainer.trainers import data as data_lib
 from tfdist_trainer.trainers.trainer import Trainer
 
@@ -47,9 +47,7 @@ class ScheduledTrainLoop:
         """`dispatcher_address`: read the data through the tf.data service (runtime.data_service)."""
         self.coordinator = coordinator
         self.num_workers = max(1, num_workers)
-        self.size = (
-            FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
-        )
+        self.size = as_loop_size(steps_per_loop)
         self.stall_timeout_s = stall_timeout_s
         self.worker_addresses = list(worker_addresses)
         self.served = dispatcher_address is not None

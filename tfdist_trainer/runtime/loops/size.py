@@ -78,3 +78,8 @@ class FixedStepsPerLoop:
 
     def observe(self, steps: int, seconds: float) -> None:
         pass
+
+
+def as_loop_size(steps_per_loop: int | StepsPerLoopTuner) -> FixedStepsPerLoop | StepsPerLoopTuner:
+    """A fixed size for an int; a tuner as it is (the one rule both step loops follow)."""
+    return FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop

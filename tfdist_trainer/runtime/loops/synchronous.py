@@ -9,7 +9,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer.runtime.loops.body import LoopResult, combine, train_dataset_fn, train_loop_fn
-from tfdist_trainer.runtime.loops.size import FixedStepsPerLoop, StepsPerLoopTuner
+from tfdist_trainer.runtime.loops.size import StepsPerLoopTuner, as_loop_size
 from tfdist_trainer.trainers import data as data_lib
 from tfdist_trainer.trainers.trainer import Trainer
 
@@ -34,9 +34,7 @@ class TrainLoop:
         batches_per_step: int = 1,
     ):
         self.strategy = strategy
-        self.size = (
-            FixedStepsPerLoop(steps_per_loop) if isinstance(steps_per_loop, int) else steps_per_loop
-        )
+        self.size = as_loop_size(steps_per_loop)
         self.input = data_lib.SyncInput(strategy, train_dataset_fn(trainer))
         self._loop = train_loop_fn(
             strategy,
