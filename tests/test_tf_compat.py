@@ -53,11 +53,11 @@ def run_script(tmp_path, source: str, timeout: float = 180) -> dict:
 #: A script's start: a ParameterServerStrategy (`strategy`, `resolver`) on in-process servers.
 PS_STRATEGY = """
 import json, os
-import portpicker
 import tensorflow as tf
 from tfdist_trainer import tf_compat
+from tfdist_trainer.launch.ports import pick_port
 
-cluster = {job: [f"localhost:{portpicker.pick_unused_port()}"] for job in ("chief", "worker", "ps")}
+cluster = {job: [f"localhost:{pick_port()}"] for job in ("chief", "worker", "ps")}
 spec = tf.train.ClusterSpec(cluster)
 servers = [tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
            for job in ("worker", "ps")]

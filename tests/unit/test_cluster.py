@@ -10,9 +10,10 @@ import socket
 import threading
 import time
 
-import portpicker
 import pytest
 
+from tfdist_trainer.launch.local_tasks import free_port_cluster
+from tfdist_trainer.launch.ports import pick_port
 from tfdist_trainer.plan import cluster as cluster_lib
 from tfdist_trainer.plan import network
 from tfdist_trainer.plan.cluster import (
@@ -275,7 +276,7 @@ def _listening_socket(port: int) -> socket.socket:
 
 
 def _local_config(task_type: str = "worker", index: int = 0, n: int = 2) -> ClusterConfig:
-    ports = [portpicker.pick_unused_port() for _ in range(n)]
+    ports = [pick_port() for _ in range(n)]
     return from_tf_config(
         _tf_config({"worker": [f"127.0.0.1:{p}" for p in ports]}, task_type, index)
     )
@@ -350,7 +351,7 @@ def test_wait_for_tasks_sees_a_task_that_comes_up_late():
 
 
 def test_port_holder_listens_until_closed():
-    port = portpicker.pick_unused_port()
+    port = pick_port()
     address = TaskAddress("worker", 0, f"127.0.0.1:{port}")
     assert not is_listening(address, timeout=0.2)
     holder = PortHolder(port)
@@ -371,3 +372,32 @@ def test_set_grpc_environment_keeps_a_user_setting():
     environ = {"GRPC_FAIL_FAST": "false"}
     network.set_grpc_environment(environ)
     assert environ == {"GRPC_FAIL_FAST": "false"}
+
+
+def test_local_cluster_ports_are_free_and_outside_the_kernels_ephemeral_range():
+    """An outgoing connection can never take a port the launcher gave a task before it binds it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(x) for x in f.read().split())
+    cluster = free_port_cluster({"chief": 1, "worker": 3, "ps": 2}, second_port=("worker",))
+    ports = [int(a.rsplit(":", 1)[1]) for addresses in cluster.values() for a in addresses]
+    worker_ports = [int(a.rsplit(":", 1)[1]) for a in cluster["worker"]]
+    every_port = ports + [p + 1 for p in worker_ports]  # each worker's tf.data port
+    assert len(set(every_port)) == len(every_port) == 6 + 3
+    assert all(not low <= p <= high for p in every_port), (every_port, low, high)
+    assert all(port_is_free(p) for p in every_port)
+
+
+def test_a_probe_that_connects_to_itself_is_not_a_listener(monkeypatch):
+    """TCP simultaneous open: a probe given the probed port as its source sees itself, not a peer."""
+    port = pick_port()
+    own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    own.bind(("127.0.0.1", port))
+
+    def connect_from_the_probed_port(address, timeout=None):
+        own.settimeout(timeout)
+        own.connect(address)  # nothing listens: Linux connects the socket to itself
+        return own
+
+    monkeypatch.setattr(network.socket, "create_connection", connect_from_the_probed_port)
+    assert not is_listening(TaskAddress("worker", 0, f"127.0.0.1:{port}"), timeout=1)

@@ -32,25 +32,19 @@ def free_port_cluster(
 
     Tasks of the types in `second_port` also get the port after theirs free
     (a parameter_server worker's tf.data worker listens there). The one place a
-    local cluster gets its ports: the launcher, the benchmarks and the tests.
+    local cluster gets its ports: the launcher, the benchmarks and the tests
+    (launch/ports.py says why they are not the kernel's ephemeral ones).
     """
-    import portpicker
-
+    from tfdist_trainer.launch.ports import pick_port
     from tfdist_trainer.plan.cluster import DATA_WORKER_PORT_OFFSET
 
     taken: set[int] = set()
 
     def pick(paired: bool) -> int:
-        while True:
-            port = portpicker.pick_unused_port()
-            second = port + DATA_WORKER_PORT_OFFSET
-            if port in taken or (
-                paired
-                and (second in taken or second > 65535 or not portpicker.is_port_free(second))
-            ):
-                continue
-            taken.update((port, second) if paired else (port,))
-            return port
+        span = DATA_WORKER_PORT_OFFSET + 1 if paired else 1
+        port = pick_port(taken, span=span)
+        taken.update(range(port, port + span))
+        return port
 
     return {
         t: [f"{host}:{pick(t in second_port)}" for _ in range(n)] for t, n in layout.items() if n

@@ -43,9 +43,15 @@ def check_own_port(config: ClusterConfig) -> None:
 
 
 def is_listening(address: TaskAddress, timeout: float = 1.0) -> bool:
+    """Whether a process accepts connections at `address`.
+
+    A probe of a local port in the kernel's ephemeral range can be given that very
+    port as its source and connect to itself (TCP simultaneous open); that is
+    nobody listening, and the probe must not hold the port the task is about to bind.
+    """
     try:
-        with socket.create_connection((address.host, address.port), timeout=timeout):
-            return True
+        with socket.create_connection((address.host, address.port), timeout=timeout) as s:
+            return s.getsockname() != s.getpeername()
     except OSError:
         return False
 

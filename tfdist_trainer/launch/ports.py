@@ -1,0 +1,52 @@
+"""Ports for a local cluster that no outgoing connection can take before the task binds them.
+
+A task binds its port seconds after the launcher picked it (TensorFlow's import
+comes first). A port from the kernel's ephemeral range (`bind(0)`, what
+`portpicker.pick_unused_port` returns) can be handed in that window to any
+outgoing connection on the machine: a peer's gRPC channel, another job's probe,
+or a probe of this very port that connects to itself (TCP simultaneous open).
+The task then fails with "port ... is already in use". The kernel never gives an
+outgoing connection a port below its ephemeral range, so the ports are drawn
+there, at random, and kept only if they are free now.
+"""
+
+from __future__ import annotations
+
+import random
+
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST = 10_000  # below: well-known services and other tools' fixed ports
+_TRIES = 1_000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections (Linux' default where unknown)."""
+    try:
+        with open(_EPHEMERAL_RANGE_FILE) as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32_768, 60_999
+
+
+def pick_port(taken: set[int] = frozenset(), *, span: int = 1) -> int:
+    """A free port p (and p+1 .. p+span-1 free too) outside the ephemeral range, not in `taken`."""
+    import portpicker
+
+    low, high = _ephemeral_range()
+    candidates = [(_LOWEST, low - span)] if low - span > _LOWEST else []
+    if high + 1 <= 65_535 - span:
+        candidates.append((high + 1, 65_535 - span))
+    for _ in range(_TRIES if candidates else 0):
+        start, end = random.choice(candidates)
+        port = random.randint(start, end)
+        ports = range(port, port + span)
+        if not any(p in taken for p in ports) and all(portpicker.is_port_free(p) for p in ports):
+            return port
+    # A machine whose ephemeral range covers everything: the kernel's choice is the best left.
+    while True:
+        port = portpicker.pick_unused_port()
+        ports = range(port, port + span)
+        free = all(p not in taken and portpicker.is_port_free(p) for p in ports[1:])
+        if port + span <= 65_536 and port not in taken and free:
+            return port
