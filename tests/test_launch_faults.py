@@ -101,3 +101,23 @@ def test_a_restart_long_after_the_evaluator_started_keeps_the_job_going(tmp_path
     ]
     assert train_records(model_dir)[-1]["step"] == steps
     assert no_process_left(model_dir) == []
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_every_task_ends_when_the_launcher_is_killed(tmp_path):
+    """SIGKILL to tfdist-launch alone (the OOM killer, a closed terminal): its tasks, each in its
+    own session, stop within the grace period instead of serving and training on forever."""
+    run, model_dir = job(tmp_path, ["--grace_s=5"], steps=100_000)
+    try:
+        run.wait_until("step 100", train_step_reached(model_dir, 100), timeout=240)
+        tasks = [run.task_pid(role) for role in ("worker:0", "worker:1", "evaluator:0")]
+        os.kill(run.proc.pid, signal.SIGKILL)  # the launcher only, not its tasks' sessions
+        run.proc.wait()
+        deadline = time.monotonic() + 60
+        while no_process_left(model_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = no_process_left(model_dir)
+    finally:
+        run.stop()
+    assert left == [], f"tasks {tasks} outlived their launcher:\n" + "\n".join(left)

@@ -152,10 +152,12 @@ def main(argv: list[str]) -> None:
             EXIT_CONFIG,
         )
     from tfdist_trainer.io import model_dir as model_dir_lib
+    from tfdist_trainer.launch import parent_watch
     from tfdist_trainer.plan import cluster as cluster_lib
     from tfdist_trainer.plan import network
     from tfdist_trainer.runtime.logs import set_role
 
+    parent_watch.end_with_launcher()
     if FLAGS.mode != "train":
         _checkpoint_mode(FLAGS.mode)
         return

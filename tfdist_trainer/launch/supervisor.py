@@ -17,7 +17,7 @@ import time
 
 from tfdist_trainer.errors import EXIT_PREEMPTED, ConfigError, exit_code, is_retryable
 from tfdist_trainer.io import checkpoint_names, records, storage
-from tfdist_trainer.launch import console, process_group
+from tfdist_trainer.launch import console, parent_watch, process_group
 from tfdist_trainer.launch.local_tasks import LocalTask
 from tfdist_trainer.launch.restart_budget import RestartBudget
 from tfdist_trainer.launch.say import say
@@ -151,6 +151,7 @@ class LocalCluster:
         env.setdefault("GRPC_FAIL_FAST", "use_caller")
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ info lines drown the roles' progress
+        env.update(parent_watch.environment(self.grace_s))  # the task ends if this launcher dies
         task.log_path = storage.join(self.log_dir, f"{task.task_type}-{task.index}.log")
         if task.role not in self._logs:
             self._logs[task.role] = storage.LogCopy(task.log_path)
