@@ -266,19 +266,25 @@ def test_ema_weights_are_evaluated_and_exported_and_training_resumes_from_the_ra
 
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
-def test_workers_agree_on_batch_norm_statistics(trainer_dir, tmp_path):
-    """multi_worker_mirrored: each worker's BatchNormalization statistics come from its own
-    batches; averaged after every loop, the workers end with identical weights, and say so."""
+@pytest.mark.parametrize("strategy", ["mirrored", "multi_worker_mirrored"])
+def test_replicas_agree_on_batch_norm_statistics(trainer_dir, tmp_path, strategy):
+    """Each replica's BatchNormalization statistics come from its own batches; averaged after
+    every loop, the replicas (mirrored's 2 devices, or 2 workers) end with identical weights,
+    and the end of the run says so. Without the averaging, both say they differ."""
     result = run(
         trainer_dir,
         str(tmp_path / "m"),
-        "multi_worker_mirrored",
+        strategy,
         "AccumulationTrainer.batch_norm=True",
         f"Trainer.global_batch_size={BATCH * K}",
         "train.train_steps=20",
         "train.steps_per_loop=5",
     )
     assert result.returncode == 0, result.stdout[-6000:]
+    assert "hold different values" not in result.stdout, result.stdout[-4000:]
+    if strategy == "mirrored":
+        assert "every replica on this task holds the same weights (2 replicas)" in result.stdout
+        return
     fingerprints = re.findall(r"^\[(worker:\d)\].*weights fingerprint (\w+)", result.stdout, re.M)
     assert len(fingerprints) == 2 and fingerprints[0][1] == fingerprints[1][1], fingerprints
     assert (

@@ -7,8 +7,9 @@ keras-hub ResNet and the zoo's: all 12 moving means and variances differed betwe
 workers), and a checkpoint keeps one replica's. `StatisticsSync` averages them over
 every replica after each loop call (one small all-reduce, every task at the same point),
 so checkpoints, evaluations and exports, which all happen between loops, see the mean.
-`agree_on_weights` checks the claim at the end: the chief says whether the workers'
-weights (statistics included) are identical.
+`agree_on_weights` checks the claim at the end: each task says whether its own
+replicas (mirrored's devices) hold the same values, and the chief whether the
+workers' weights (statistics included) are identical.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import tf_compat
+from tfdist_trainer.runtime.state import FINGERPRINT_MAX_PARAMS
 
 
 def statistic_variables(model: Any) -> list:
@@ -55,10 +58,41 @@ class StatisticsSync:
             self._average()
 
 
+def replica_copies_that_differ(model: Any) -> tuple[int, list[str]]:
+    """(replicas on this task, paths of the variables whose per-replica copies differ)."""
+    replicas, differ = 1, []
+    if model.count_params() > FINGERPRINT_MAX_PARAMS:  # each copy would come to this host's memory
+        return replicas, differ
+    for variable in model.weights:
+        value = getattr(variable, "value", variable)
+        if not isinstance(value, tf.distribute.DistributedValues):
+            continue
+        copies = [c.numpy() for c in value.values]
+        replicas = max(replicas, len(copies))
+        if any(not np.array_equal(copies[0], c) for c in copies[1:]):
+            differ.append(variable.path)
+    return replicas, differ
+
+
 def agree_on_weights(
-    fingerprint: str, max_over_workers: Callable[[int], int] | None, *, is_chief: bool
+    model: Any,
+    fingerprint: str,
+    max_over_workers: Callable[[int], int] | None,
+    *,
+    is_chief: bool,
 ) -> None:
-    """Synchronous workers compare their weights' fingerprints; the chief says whether they agree."""
+    """Replicas on this task, then synchronous workers, must hold the same weights; says whether."""
+    replicas, differ = replica_copies_that_differ(model)
+    if differ:
+        logging.warning(
+            "this task's %d replicas hold different values of %d variable(s) (%s): a variable "
+            "was updated per replica and never averaged; the checkpoint holds the first one's",
+            replicas,
+            len(differ),
+            ", ".join(differ[:3]) + (", ..." if len(differ) > 3 else ""),
+        )
+    elif replicas > 1:
+        logging.info("every replica on this task holds the same weights (%d replicas)", replicas)
     if max_over_workers is None or not fingerprint[:1].isalnum() or " " in fingerprint:
         return
     value = int(fingerprint[:15], 16)

@@ -46,5 +46,7 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
         context.step - start_step,
         fingerprint,
     )
-    agree_on_weights(fingerprint, context.max_over_workers, is_chief=cluster.is_chief)
+    agree_on_weights(
+        context.trainer.model, fingerprint, context.max_over_workers, is_chief=cluster.is_chief
+    )
     return {"step": context.step, **context.last_train, **context.last_eval}
