@@ -10,6 +10,11 @@ read the same worker's data) and model_parallel (2 devices, each batch pipelined
 micro-batches: the two compose). Also: Keras' own optimizer accumulation is refused, and
 k < 1 is one sentence.
 
+EMA (`use_ema` on the optimizer): the checkpoint keeps the raw weights and the averages, the
+export holds the averages, a resumed run continues as an uninterrupted one, and both the chief's
+inline evaluation and the evaluator side-car record the averaged weights' loss (computed here in
+numpy). BatchNormalization statistics: replicas end equal under mirrored and multi_worker_mirrored.
+
 Clipping (`global_clipnorm` on the optimizer) is computed over the global batch: 2 clipped
 steps under mirrored (2 logical CPUs) and multi_worker_mirrored (2 workers) leave the
 weights one_device leaves on the same global batch (Keras alone clips each replica's share).
@@ -262,6 +267,59 @@ def test_ema_weights_are_evaluated_and_exported_and_training_resumes_from_the_ra
     a, b = weights(whole), weights(resumed)
     for name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def eval_loss_of(weights: list[np.ndarray]) -> float:
+    """The trainer's eval loss, in numpy, of Dense(16, tanh) -> Dense(1) holding `weights`."""
+    x = np.random.default_rng(0).normal(size=(4096, 8)).astype("float32")[:256]
+    y = np.sin(x).sum(axis=1, keepdims=True)
+    kernel0, bias0, kernel1, bias1 = weights
+    predictions = np.tanh(x @ kernel0 + bias0) @ kernel1 + bias1
+    return float(np.mean(np.square(y - predictions)))
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("evaluated_by", ["chief", "evaluator"])
+def test_evaluations_inline_and_by_the_side_car_use_the_averages(
+    trainer_dir, tmp_path, evaluated_by
+):
+    """The chief's inline evaluation and the evaluator side-car (which takes over evaluation when
+    there is one) evaluate the optimizer's averages: the loss they record is the averaged
+    weights' loss, computed here in numpy from the checkpoint, not the raw weights'."""
+    import tensorflow as tf
+
+    model_dir, steps = str(tmp_path / "m"), 20
+    task_args = args(
+        model_dir,
+        "one_device",
+        "AccumulationTrainer.use_ema=True",
+        "AccumulationTrainer.one_batch=True",
+        f"train.train_steps={steps}",
+        f"train.eval_every_n_steps={steps}",
+        f"train.checkpoint_every_n_steps={steps}",
+    )
+    cmd = (
+        launch_cmd(["--evaluator"], task_args)
+        if evaluated_by == "evaluator"
+        else train_cmd(*task_args)
+    )
+    result = clusterlib.run(cmd, env=env(trainer_dir), timeout=300)
+    assert result.returncode == 0, result.stdout[-6000:]
+    reader = tf.train.load_checkpoint(model_dir)
+    shapes = reader.get_variable_to_shape_map()
+
+    def listed(prefix):  # one tracked list's tensors, in list order (the model's weights' order)
+        keys = [k for k in shapes if k.startswith(prefix) and shapes[k]]
+        keys.sort(key=lambda k: int(k[len(prefix) :].split("/")[0]))
+        return [reader.get_tensor(k) for k in keys]
+
+    averaged = eval_loss_of(listed("optimizer/_variables/"))
+    raw = eval_loss_of(listed("optimizer/_trainable_variables/"))
+    assert abs(averaged - raw) > 1e-3 * raw, (averaged, raw)  # the two are told apart
+    evals = [r for r in clusterlib.read_records(model_dir) if r["kind"] == "eval"]
+    assert [(r["step"], r["evaluated_by"]) for r in evals] == [(steps, evaluated_by)], evals
+    assert evals[0]["eval_loss"] == pytest.approx(averaged, rel=1e-4), (evals[0], raw)
 
 
 @pytest.mark.cluster
