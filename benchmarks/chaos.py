@@ -68,15 +68,10 @@ def parse_args(argv):
 
 def plan(kinds, faults: int, seed: int, spacing_s: float, num_workers: int) -> list[dict]:
     """The seeded schedule: each kind about as often, shuffled; each fault's wait after recovery.
-    SIGTERM ends the evaluator for good (it exits 0, and no policy restarts that), so at most one
-    evaluator fault is a SIGTERM: the last of them."""
+    Every kind is survivable: a SIGTERMed evaluator exits 143 and is restarted like a killed one."""
     rng = random.Random(seed)
     picks = [kinds[i % len(kinds)] for i in range(faults)]
     rng.shuffle(picks)
-    on_eval = [i for i, (_, t) in enumerate(picks) if t == "evaluator"]
-    term = any(picks[i][0] == "SIGTERM" for i in on_eval)
-    for i in on_eval:
-        picks[i] = ("SIGTERM" if term and i == on_eval[-1] else "SIGKILL", "evaluator")
     return [
         {"signal": sig, "role": f"{t}:{rng.randrange(num_workers) if t == 'worker' else 0}",
          "wait_s": round(spacing_s * (1 + rng.random() / 2), 1)}

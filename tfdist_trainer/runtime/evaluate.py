@@ -23,9 +23,11 @@ evaluator evaluates each checkpoint once:
   evaluator adds the rest itself.
 * It exits after evaluating the checkpoint of the step the chief marked
   done, so the final checkpoint is always evaluated.
-* SIGTERM (a preemption) ends it after the current evaluation, with exit
-  code 0 and one line: training goes on without it, and metrics.jsonl
-  stays the chief's.
+* SIGTERM (a preemption) ends it after the current evaluation, with one
+  line and exit code 143 (preempted): training goes on without it, and
+  metrics.jsonl stays the chief's. A restart policy brings it back and it
+  goes on after the last step it evaluated; without one, the launcher's
+  summary says the evaluation is incomplete.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from tfdist_trainer.errors import ConfigError, EvaluatorTimeout
+from tfdist_trainer.errors import ConfigError, EvaluatorTimeout, Preempted
 from tfdist_trainer.hooks import SideCarEvaluation
 from tfdist_trainer.io import markers, storage
 from tfdist_trainer.io.records import EVALUATOR_JOURNAL, MetricsRecord
@@ -168,15 +170,19 @@ class SideCar:
         self.termination = preemption.TerminationSignal()  # one line when it stops
 
     def stopped_by_sigterm(self) -> bool:
+        """False until a SIGTERM came; then raises Preempted (exit 143: a restart goes on)."""
         if not self.termination.received:
             return False
-        logging.info(
-            "stopped by SIGTERM %s; training goes on without the evaluator: exiting",
-            f"after evaluating step {self.last_step}"
-            if self.last_step is not None
-            else "before any evaluation",
+        raise Preempted(
+            "stopped by SIGTERM "
+            + (
+                f"after evaluating step {self.last_step}"
+                if self.last_step is not None
+                else "before any evaluation"
+            )
+            + "; training goes on without the evaluator: exiting with code 143 (a restart goes "
+            "on after that step)"
         )
-        return True
 
     def newer_checkpoint(self) -> str | None:
         latest = tf.train.latest_checkpoint(self.model_dir)

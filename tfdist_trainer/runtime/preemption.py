@@ -15,8 +15,8 @@ A cluster preempts a task with SIGTERM, then SIGKILL after a grace period
   when no chief is running, or after its grace (``--preemption_grace_s``).
 * **A parameter_server worker** leaves at once (exit 143): the coordinator
   re-runs its unfinished loops on the other workers, as for a lost worker.
-* **The evaluator** stops after its current evaluation and exits 0; the
-  training does not notice.
+* **The evaluator** stops after its current evaluation and exits 143; the
+  training does not notice, and a restart goes on after the step it evaluated.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from absl import logging
 
-from tfdist_trainer.errors import Preempted
+from tfdist_trainer.errors import EXIT_PREEMPTED, Preempted
 from tfdist_trainer.io import markers
 from tfdist_trainer.plan.cluster import CHIEF, ClusterConfig
 from tfdist_trainer.plan.network import is_listening
@@ -51,16 +51,21 @@ class TerminationSignal:
 
 
 def stop_quietly_on_sigterm(doing: str) -> None:
-    """Until a task installs its TerminationSignal: SIGTERM ends it with exit 0 and one line.
+    """Until a task installs its TerminationSignal: SIGTERM ends it at once with one line, exit 143.
 
     For the evaluator, whose start (TensorFlow, the model, the eval data) takes
-    a while on a busy machine: there is nothing to save yet, and a non-zero
-    code would make a launcher stop or restart the job.
+    a while on a busy machine: there is nothing to save yet, no traceback is
+    worth printing, and 143 (preempted) lets a restart policy bring it back
+    while training goes on without it.
     """
 
     def handle(signum, frame):
-        logging.info("stopped by SIGTERM while %s; training goes on without it: exiting", doing)
-        raise SystemExit(0)
+        logging.error(
+            "stopped by SIGTERM while %s; training goes on without it: exiting with code %d",
+            doing,
+            EXIT_PREEMPTED,
+        )
+        raise SystemExit(EXIT_PREEMPTED)
 
     signal.signal(signal.SIGTERM, handle)
 
