@@ -358,6 +358,15 @@ class BackgroundJob:
         )
 
 
+def throw_away_checkpoints(model_dir) -> list[str]:
+    """What synchronous peers' throw-away checkpoint directories left in model_dir (want none)."""
+    from tfdist_trainer.runtime.checkpoints import PEER_DIRECTORY_PREFIX
+
+    return sorted(
+        n for n in os.listdir(model_dir) if n.startswith(PEER_DIRECTORY_PREFIX.rstrip("-"))
+    )
+
+
 def no_process_left(marker: str) -> list[str]:
     """Command lines of live processes that contain `marker` (a unique model_dir, say)."""
     left = []

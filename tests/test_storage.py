@@ -139,7 +139,7 @@ def test_file_uri_model_dir_via_launcher(tmp_path, strategy, launch_args, roles)
     files = _local_files(str(local))
     _assert_run_complete(files, out)
     assert tf.train.latest_checkpoint(str(local)).endswith(f"ckpt-{STEPS}")
-    assert ".tmp_checkpoints" not in os.listdir(local), "throw-away checkpoints were left"
+    assert clusterlib.throw_away_checkpoints(local) == []
     assert sorted(os.listdir(local / "logs")) == sorted(r.replace(":", "-") + ".log" for r in roles)
     for role in roles:
         assert files[f"logs/{role.replace(':', '-')}.log"].strip(), f"{role}'s log copy is empty"

@@ -61,9 +61,7 @@ def assert_trained(model_dir: str, steps: int, context: str = "") -> dict:
     )
     latest = tf.train.latest_checkpoint(model_dir)
     assert latest is not None and latest.endswith(f"ckpt-{steps}"), f"latest checkpoint {latest}"
-    assert not os.path.exists(os.path.join(model_dir, ".tmp_checkpoints")), (
-        "throw-away checkpoints were left"
-    )
+    assert clusterlib.throw_away_checkpoints(model_dir) == []
     assert clusterlib.no_process_left(model_dir) == []
     return {
         "first_loss": train[0]["loss"],

@@ -259,21 +259,6 @@ def rmtree(path: str) -> None:
         pass
 
 
-def remove_if_empty(path: str) -> None:
-    """Deletes a directory with nothing in it, atomically, where directories are real (a local disk).
-
-    Elsewhere nothing is done: an object store's "directory" vanishes with its
-    last object, and a listing followed by a delete could remove what another
-    task has just started writing there.
-    """
-    local = local_path(path)
-    if local is not None:
-        try:
-            os.rmdir(local)
-        except OSError:
-            pass  # not empty (another task is using it), or gone already
-
-
 class LogCopy:
     """A copy of one task's output under model_dir/logs, written through `tf.io.gfile`.
 

@@ -2,7 +2,11 @@
 
 Under multi_worker_mirrored every worker must take part in a save (it runs
 collectives), but only the chief's copy is kept: the others write into a
-throw-away directory that is removed right after.
+throw-away directory that is removed right after. Each peer's directory sits
+directly in model_dir (``.tmp_checkpoints-worker-1``), not under a shared
+parent: a peer that removed an emptied shared parent could do so between
+another peer's creating it and creating its own directory inside (seen in the
+20-fault chaos run: `No such file or directory` on a save, and one more restart).
 
 The evaluator side-car pins the checkpoint it is reading (`pin`): a small
 file under model_dir naming it, which the chief reads before each save and
@@ -190,6 +194,10 @@ def _save_failure(error: tf.errors.OpError, path: str, *, unavailable: bool) -> 
     return None
 
 
+#: A synchronous peer's throw-away checkpoint directory in model_dir: this, then its role.
+PEER_DIRECTORY_PREFIX = ".tmp_checkpoints-"
+
+
 class Checkpointer:
     """Owns the CheckpointManager of one task."""
 
@@ -210,7 +218,7 @@ class Checkpointer:
         self._directory = (
             model_dir
             if self.is_writer
-            else storage.join(model_dir, ".tmp_checkpoints", cluster.role.replace(":", "-"))
+            else storage.join(model_dir, PEER_DIRECTORY_PREFIX + cluster.role.replace(":", "-"))
         )
         self._keep = keep
         self._spared: str | None = None  # the pinned checkpoint last spared, to say so once
@@ -409,8 +417,6 @@ class Checkpointer:
             )
             self._last_saved_step = step
             storage.rmtree(self._directory)
-            # the last worker out removes the parent
-            storage.remove_if_empty(storage.dirname(self._directory))
             return
         # Write first, sweep after: the pin is read once the (possibly long) write is done, right
         # before anything is deleted, so a checkpoint the evaluator pinned while this one was
@@ -440,8 +446,6 @@ class Checkpointer:
                     storage.remove(leftover)
             except storage.write_errors() as e:
                 logging.warning("could not remove %s after the failed save: %s", leftover, e)
-        if not self.is_writer:
-            storage.remove_if_empty(storage.dirname(self._directory))
 
     def _leftovers(self, path: str) -> list[str]:
         """What a failed save of checkpoint `path` may have left (`_clean_up_failed_save`)."""
