@@ -62,13 +62,14 @@ def role_lines(out: str, role: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(f"[{role}]")]
 
 
-def skipped_steps(log: str) -> dict[int, list[int]]:
-    """{evaluated step: the steps its skip line names}, checking each line counts what it names."""
+def skipped_steps(log: str) -> dict[int, tuple[int, list[int]]]:
+    """{evaluated step: (how many its skip line counts, the steps it names)}; a long list is
+    named in part ("..."), a short one whole."""
     found = {}
     for count, _, named, step in SKIP_LINE.findall(log):
         steps = [int(s) for s in named.replace(", ...", "").split(", ")]
         assert "..." in named or len(steps) == int(count), named
-        found[int(step)] = steps
+        found[int(step)] = (int(count), steps)
     return found
 
 
@@ -98,7 +99,8 @@ def assert_one_schedule(model_dir, out: str, *, every: int, steps: int, by: str)
     skips = skipped_steps("\n".join(role_lines(out, "evaluator:0")))
     for before, after in zip(evaluated, evaluated[1:], strict=False):
         between = [s for s in points if before < s < after]
-        assert skips.get(after, []) == between, (after, skips, evaluated)
+        count, named = skips.get(after, (0, []))
+        assert count == len(between) and named == between[: len(named)], (after, skips, evaluated)
     return evaluated
 
 
