@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 
 from absl import logging
 
@@ -29,7 +30,7 @@ def environment(grace_s: float) -> dict[str, str]:
     return {LAUNCHER_PID_ENV: str(os.getpid()), GRACE_ENV: f"{grace_s:g}"}
 
 
-def end_with_launcher(environ: dict[str, str] | os._Environ = os.environ) -> None:
+def end_with_launcher(environ: Mapping[str, str] = os.environ) -> None:
     """Starts the watch if a launcher started this process; returns at once."""
     launcher = environ.get(LAUNCHER_PID_ENV)
     if not launcher:
