@@ -12,6 +12,7 @@ there, at random, and kept only if they are free now.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 _EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -34,19 +35,16 @@ def pick_port(taken: set[int] = frozenset(), *, span: int = 1) -> int:
     import portpicker
 
     low, high = _ephemeral_range()
-    candidates = [(_LOWEST, low - span)] if low - span > _LOWEST else []
+    ranges = [(_LOWEST, low - span)] if low - span > _LOWEST else []
     if high + 1 <= 65_535 - span:
-        candidates.append((high + 1, 65_535 - span))
-    for _ in range(_TRIES if candidates else 0):
-        start, end = random.choice(candidates)
-        port = random.randint(start, end)
+        ranges.append((high + 1, 65_535 - span))
+    for attempt in itertools.count():
+        if ranges and attempt < _TRIES:
+            port = random.randint(*random.choice(ranges))
+        else:  # every port outside the range is taken: the kernel's choice is the best left
+            port = portpicker.pick_unused_port()
         ports = range(port, port + span)
-        if not any(p in taken for p in ports) and all(portpicker.is_port_free(p) for p in ports):
-            return port
-    # A machine whose ephemeral range covers everything: the kernel's choice is the best left.
-    while True:
-        port = portpicker.pick_unused_port()
-        ports = range(port, port + span)
-        free = all(p not in taken and portpicker.is_port_free(p) for p in ports[1:])
-        if port + span <= 65_536 and port not in taken and free:
+        if ports[-1] <= 65_535 and all(
+            p not in taken and portpicker.is_port_free(p) for p in ports
+        ):
             return port
