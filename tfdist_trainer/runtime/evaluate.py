@@ -121,7 +121,8 @@ def run_evaluator(
     """
     side_car = SideCar(experiment, model_dir, context)
     try:
-        while not side_car.stopped_by_sigterm():
+        while True:
+            side_car.stop_if_preempted()
             latest = side_car.newer_checkpoint()
             if latest is not None:
                 side_car.evaluate(latest)
@@ -169,10 +170,10 @@ class SideCar:
         self.values: dict[str, float] = {}
         self.termination = preemption.TerminationSignal()  # one line when it stops
 
-    def stopped_by_sigterm(self) -> bool:
-        """False until a SIGTERM came; then raises Preempted (exit 143: a restart goes on)."""
+    def stop_if_preempted(self) -> None:
+        """Raises Preempted (exit 143: a restart goes on) once a SIGTERM came."""
         if not self.termination.received:
-            return False
+            return
         raise Preempted(
             "stopped by SIGTERM "
             + (
