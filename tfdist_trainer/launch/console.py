@@ -14,7 +14,11 @@ deliberately narrow:
 * lines that signal a failure (a Python traceback, an exception, an OOM, a
   crash, a non-zero exit) are always shown, with the lines that follow them;
 * the shutdown chatter is hidden only once a driving task has finished with
-  exit code 0 (``job_finished``); before that the same lines mean a lost peer.
+  exit code 0 (``job_finished``); before that the same lines mean a lost peer;
+* the follow-on lines of a failed step (``FOLLOW_ON``: TensorFlow cancelling the
+  step's pending transfers and remote calls, dozens on a ps) are hidden and
+  counted (``ConsoleFilter.follow_on``): they never name the cause, and the
+  launcher prints one line with their number instead.
 
 ``info_from`` narrows the view further (the MNIST demo shows only progress):
 INFO records from other source files are hidden, never warnings or errors.
@@ -90,6 +94,38 @@ SHUTDOWN_CHATTER = re.compile(
     r"|coordination service .*(shut ?down|unavailable|not reachable)"
 )
 
+#: What the tasks print once a step failed somewhere (a bad id on one worker, a lost peer): TF
+#: cancelling the step's pending transfers (a ps prints one 'RecvTensor cancelled' per variable it
+#: was sending: 84 for one bad batch of the tiny sharded-embedding recipe) and its remote calls.
+#: The error itself is elsewhere (the failing task's traceback); these only follow from it.
+FOLLOW_ON = (
+    ("grpc_worker_service.cc", re.compile(r"^RecvTensor cancelled for ")),
+    (
+        "local_rendezvous.cc",
+        re.compile(
+            r"^Local rendezvous is aborting with status: (?:ABORTED: Step -?\d+ cancelled|CANCELLED)"
+        ),
+    ),
+    # The coordinator dropping its handles to a cancelled closure's outputs on the worker.
+    (
+        "destroy_tensor_handle_node.h",
+        re.compile(r"^Ignoring an error encountered when deleting remote tensors handles"),
+    ),
+    # "This derived error is ignored and not reported to users." (TF's own words, on the next line).
+    (
+        "cluster_coordinator.py",
+        re.compile(r"^Remote function on worker \S+ failed with CancelledError"),
+    ),
+)
+#: The lines after a FOLLOW_ON record that belong to it (the gRPC details of a remote call, TF's
+#: note on a derived error, the node of a status); any other line after one is shown.
+FOLLOW_ON_DETAILS = re.compile(
+    r"^Additional GRPC error information from remote target "
+    r"|^:UNKNOWN:Error received from peer "
+    r"|^This derived error is ignored and not reported to users\.$"
+    r"|^\s+\[\[.*\]\]"  # the node a status came from: "\t [[{{node while/LoopCond/_53}}]]"
+)
+
 #: Lines that signal a failure, or a warning in Python's own format: never hidden.
 FAILURE = re.compile(
     r"Traceback \(most recent call last\)"
@@ -100,7 +136,7 @@ FAILURE = re.compile(
     r"|exited with code|exit code [1-9]|^error:|\berror: "
 )
 
-_SHOWN, _CHATTER, _QUIET = "shown", "chatter", "quiet"
+_SHOWN, _CHATTER, _QUIET, _FOLLOW_ON = "shown", "chatter", "quiet", "follow-on"
 
 
 def gpu_present() -> bool:
@@ -120,6 +156,7 @@ class ConsoleFilter:
 
     One instance follows one stream; lines of several tasks, each with its role
     prefix, may share an instance: a record's state is kept per prefix.
+    ``follow_on`` counts the FOLLOW_ON records it hid (their first lines).
     """
 
     def __init__(
@@ -133,6 +170,7 @@ class ConsoleFilter:
         self._info_from = info_from
         self._gpu = gpu_present() if gpu is None else gpu
         self._state: dict[str, str] = {}  # role prefix -> state of its current record
+        self.follow_on = 0
 
     def __call__(self, line: str) -> bool:
         role = _ROLE.match(line)
@@ -144,8 +182,11 @@ class ConsoleFilter:
                 header.group("level"), header.group("file"), text[header.end() :]
             )
             self._state[key] = state
+            self.follow_on += state == _FOLLOW_ON
             return state == _SHOWN
         # A line without a header: a record's continuation, or plain output.
+        if self._state.get(key) == _FOLLOW_ON and FOLLOW_ON_DETAILS.search(text):
+            return False
         if FAILURE.search(text) and not self._is_shutdown_chatter(text):
             self._state[key] = _SHOWN  # the details on the lines after it follow
             return True
@@ -164,6 +205,8 @@ class ConsoleFilter:
     def _classify(self, level: str, source: str, message: str) -> str:
         if _is_chatter(source, message, STARTUP_CHATTER):
             return _CHATTER
+        if level in "EW" and _is_chatter(source, message, FOLLOW_ON):
+            return _FOLLOW_ON
         if not self._gpu and _is_chatter(source, message, (NO_GPU_CUINIT,)):
             return _CHATTER
         if level in "EW" and self._is_shutdown_chatter(message):
@@ -195,6 +238,11 @@ class TracebackHold:
     The launcher prints the first failing task's traceback once, and one line for each
     other task (several workers failing alike printed the same traceback each, interleaved).
     Lines are kept with their role prefix, as they were fed.
+
+    A ClusterCoordinator logs a closure's error twice before it raises it (``RAISED_NEXT``),
+    each time with the whole graph stack (90 lines for a bad id in the sharded-embedding
+    recipe): such a record opens the hold too, and `traceback()` leaves it out when the
+    task then dies of the error; a task that goes on gets it back with `release()`.
     """
 
     def __init__(self) -> None:
@@ -208,7 +256,7 @@ class TracebackHold:
                 return [*self.release(), line]
             self.held.append(line)
             return []
-        if text.startswith(_TRACEBACK):
+        if text.startswith(_TRACEBACK) or _raised_next(text):
             self.held.append(line)
             return []
         return [line]
@@ -217,9 +265,26 @@ class TracebackHold:
         held, self.held = self.held, []
         return held
 
+    def traceback(self) -> list[str]:
+        """The held lines to print for a task that died: all of them, less the records that copy the
+        error it raised (`RAISED_NEXT`) when its traceback is held too."""
+        if not any(strip_role(line).startswith(_TRACEBACK) for line in self.held):
+            return list(self.held)
+        kept, copy = [], False
+        for line in self.held:
+            text = strip_role(line)
+            if _HEADER.match(text) or text.startswith(_TRACEBACK):
+                copy = _raised_next(text)
+            if not copy:
+                kept.append(line)
+        return kept
+
     def cause(self) -> str | None:
         """The exception line of the held traceback (the last one, in a chain), without its module
-        path: ``RuntimeError: boom``; None if nothing is held or it has no exception line yet."""
+        path: ``RuntimeError: boom``; None if nothing is held or it has no exception line yet.
+
+        For a TensorFlow graph error ("InvalidArgumentError: Graph execution error:") it is the
+        innermost message instead, which names what went wrong (`_graph_error_message`)."""
         cause, in_frames, details = None, False, []
         for line in self.held:
             text = strip_role(line)
@@ -228,19 +293,96 @@ class TracebackHold:
             elif in_frames and text.strip() and not text[0].isspace():
                 cause, in_frames, details = text.strip(), False, []
             elif cause is not None:
-                details.append(text.strip())
+                details.append(text)
         if cause is None:
             return None
+        cause = _without_function_node(cause)
+        inner = _graph_error_message(details) if cause.endswith(_GRAPH_ERROR) else None
+        if inner:
+            cause = cause[: -len(_GRAPH_ERROR)] + inner
         # TensorFlow's "TypeError: in user code:" ends in the error it wraps, indented.
-        inner = [d for d in details if _EXCEPTION_LINE.match(d)]
-        if cause.endswith(":") and inner:
-            cause = inner[-1]
+        wrapped = [d.strip() for d in details if _EXCEPTION_LINE.match(d.strip())]
+        if cause.endswith(":") and wrapped:
+            cause = wrapped[-1]
         cause = re.sub(r"^(?:[A-Za-z_]\w*\.)+(?=[A-Za-z_]\w*(?::|$))", "", cause)
         return cause if len(cause) <= 300 else cause[:297] + "..."
 
 
 _TRACEBACK = "Traceback (most recent call last):"
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S")
+
+#: Error records that copy the error their task raises next: tf.distribute's ClusterCoordinator
+#: logs a closure's error when a worker reports it, and again just before raising it to the
+#: caller (cluster_coordinator.py, TF 2.21).
+RAISED_NEXT = (
+    (
+        "cluster_coordinator.py",
+        re.compile(
+            r"encountered the following error when processing closure: "
+            r"|^Start cancelling closures due to error "
+        ),
+    ),
+)
+
+
+def _raised_next(text: str) -> bool:
+    header = _HEADER.match(text)
+    return (
+        bool(header)
+        and header.group("level") == "E"
+        and _is_chatter(header.group("file"), text[header.end() :], RAISED_NEXT)
+    )
+
+
+# -- TensorFlow's graph errors -------------------------------------------------------------------
+#
+# An op that fails inside a tf.function raises "<Type>Error: Graph execution error:", then, for
+# each node involved, "Detected at node <name> defined at (most recent call last):" with the
+# Python frames that built it (indented File lines and blank lines), then the op's own message:
+#
+#   assertion failed: [table_3/embeddings: ids must be < 24 (the rows)] [Condition x < y ...] ...
+#   \t [[{{node while/click_model_1/table_3_1/assert_less/Assert/AssertGuard/Assert}}]]
+#
+# or, when several devices failed, "2 root error(s) found." and "  (0) INVALID_ARGUMENT:  <msg>".
+
+_GRAPH_ERROR = "Graph execution error:"
+_DETECTED_AT = "Detected at node "
+_ROOT_ERRORS = re.compile(r"^\d+ root error\(s\) found\.")
+_ROOT_ERROR = re.compile(r"^\s*\(\d+\) [A-Z_]+: +(?P<message>\S.*)")
+_NODE = re.compile(r"\{\{node (?P<name>[^}]+)\}\}")
+#: Kept of an assertion's message: its first bracketed item (the assertion's own message, or
+#: "Condition x < y did not hold element-wise:"); the data it prints after that is cut.
+_ASSERTION = re.compile(r"^assertion failed: \[.*?\](?= \[|$)")
+#: An eager op's error names the function TF wrapped it in: "{{function_node __wrapped__GatherV2_...}}".
+_FUNCTION_NODE = re.compile(r"\{\{function_node [^}]*\}\}\s*")
+
+
+def _graph_error_message(details: list[str]) -> str | None:
+    """The op's own message after a graph error's "Detected at node" stacks, with its node's name
+    (an assertion's message names what it checks itself), or None if there is none."""
+    lines = iter(details)
+    for line in lines:
+        if not line.strip() or line[0].isspace() or line.startswith(_DETECTED_AT):
+            continue
+        if _ROOT_ERRORS.match(line):
+            root = next((m for m in map(_ROOT_ERROR.match, lines) if m), None)
+            if root is None:
+                return None
+            line = root.group("message")
+        message = _without_function_node(line)
+        assertion = _ASSERTION.match(message)
+        if assertion:
+            return assertion.group(0)
+        node = _NODE.search(next(lines, ""))
+        return f"{message} (node {node.group('name')})" if node else message
+    return None
+
+
+def _without_function_node(message: str) -> str:
+    """``{{function_node __wrapped__GatherV2_...}} indices[1] = 33 ... [Op:GatherV2] name: `` ->
+    ``indices[1] = 33 ... [Op:GatherV2]``."""
+    message = _FUNCTION_NODE.sub("", message).strip()
+    return re.sub(r"\s+name:$", "", message)
 
 
 def strip_role(line: str) -> str:

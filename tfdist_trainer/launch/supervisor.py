@@ -130,6 +130,8 @@ class LocalCluster:
         self.console_chatter = False  # True: every line of every task on the console, too
         self.console_format = "short"  # "absl": task lines keep absl's whole header on the console
         self._outputs: dict[tuple[str, int], _Output] = {}  # (role, pid) -> its console output
+        # (role, its console filter), one per process: what they hid of failed steps, counted at the end
+        self._filters: list[tuple[str, console.ConsoleFilter]] = []
         self._failure_shown = False  # the job's first failure printed its traceback
         self._failed_roles: set[str] = set()  # tasks whose failure was reported
         self._trained = threading.Event()  # a driving task exited 0: later gRPC errors are shutdown
@@ -182,6 +184,7 @@ class LocalCluster:
         own_prefixes = (f"[{task.role}]", "[local]")
         log = self._logs[task.role]
         shown = console.ConsoleFilter(job_finished=self._trained.is_set)
+        self._filters.append((task.role, shown))
         output = self._output_of(task.role, process)
         try:
             for raw in iter(process.stdout.readline, b""):
@@ -237,8 +240,9 @@ class LocalCluster:
 
     def _report_failure(self, task: LocalTask) -> None:
         """A task that died of a traceback: for the job's first such failure one line with its
-        cause and then the traceback, for any later one (another worker failing alike, a
-        restarted task failing again) one line; every traceback is in the task's log."""
+        cause and then the traceback (once: not the coordinator's log records of the same error),
+        for any later one (another worker failing alike, a restarted task failing again) one
+        line; every traceback is in the task's log."""
         output = self._output_of(task.role, task.process)
         output.done.wait(timeout=5)  # its pump has read the last lines the task wrote
         with self._print_lock:
@@ -246,7 +250,8 @@ class LocalCluster:
                 return
             output.reported = True
             cause = output.hold.cause() or "a Python traceback"
-            held = output.hold.release()
+            held = output.hold.traceback()
+            output.hold.release()
             if self._failure_shown:
                 again = "again" if task.role in self._failed_roles else "too"
                 self._failed_roles.add(task.role)
@@ -259,10 +264,28 @@ class LocalCluster:
 
     def report_late_failures(self) -> None:
         """After the cluster is torn down: one line for each task that died of a traceback since the
-        job's end was decided (the failure that decided it has been reported already)."""
+        job's end was decided (the failure that decided it has been reported already); then one
+        line counting the follow-on lines the console did not show (`report_follow_on`)."""
         for task in self.tasks:
             if task.process is not None and task.process.poll() not in (None, 0):
                 self._report_failure(task)
+        self.report_follow_on()
+
+    def report_follow_on(self) -> None:
+        """One line for what the console filters hid of a failed step's aftermath (console.FOLLOW_ON):
+        a ps prints dozens of 'RecvTensor cancelled' lines when one worker's step fails, and
+        they bury the line that says why; the count says they exist and where to read them."""
+        counts: dict[str, int] = {}
+        for role, shown in self._filters:
+            if shown.follow_on:
+                counts[role] = counts.get(role, 0) + shown.follow_on
+        if not counts or self.console_chatter:  # with --console_chatter they were printed
+            return
+        by_role = ", ".join(f"{role} {n}" for role, n in counts.items())
+        say(
+            f"{sum(counts.values())} follow-on lines of a failed step ('RecvTensor cancelled', "
+            f"rendezvous aborted, cancelled remote calls) not shown: {by_role} (in their logs)"
+        )
 
     def _failed(self, task: LocalTask, code: int) -> int | None:
         """Restarts the failed task's group when the policy allows, or goes on without a task the
