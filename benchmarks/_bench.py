@@ -366,6 +366,25 @@ class LocalCluster:
                     pass
 
 
+def launched_job_steps_per_s(
+    variant: str, cmd: list[str], model_dir: str, warmup_steps: int, timeout_s: float
+) -> float:
+    """Runs one `tfdist-launch` job (`cmd`) to its end; its steps/s between its first and last
+    train records at or past `warmup_steps` (model_dir/metrics.jsonl)."""
+    from tfdist_trainer.io.records import read_records
+
+    job = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
+    if job.returncode != 0:
+        raise RuntimeError(
+            f"{variant} job exited {job.returncode}:\n{(job.stdout + job.stderr)[-3000:]}"
+        )
+    records = read_records(os.path.join(model_dir, "metrics.jsonl"))
+    train = [r for r in records if r.get("kind") == "train" and r["step"] >= warmup_steps]
+    if len(train) < 2:
+        raise RuntimeError(f"too few train records past step {warmup_steps} in {model_dir}")
+    return (train[-1]["step"] - train[0]["step"]) / (train[-1]["time"] - train[0]["time"])
+
+
 # -- statistics, environment, figures ----------------------------------------------------------------
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -26,8 +25,6 @@ def parse_args(argv):
 
 
 def job_steps_per_s(args, variant: str, model_dir: str) -> float:
-    from tfdist_trainer.io.records import read_records
-
     cmd = [sys.executable, "-m", "tfdist_trainer.launch.main", f"--num_workers={args.num_workers}"]
     cmd += ["--num_ps=1", "--", f"--model_dir={model_dir}"]
     cmd += [
@@ -42,18 +39,9 @@ def job_steps_per_s(args, variant: str, model_dir: str) -> float:
         f"parameter_server.data_service={variant == 'served'}",
     ]
     cmd += [f"--gin_bindings={b}" for b in bindings]
-    job = subprocess.run(
-        cmd, env=_bench.child_env(), capture_output=True, text=True, timeout=args.timeout_s
+    return _bench.launched_job_steps_per_s(
+        variant, cmd, model_dir, args.warmup_steps, args.timeout_s
     )
-    if job.returncode != 0:
-        raise RuntimeError(
-            f"{variant} job exited {job.returncode}:\n{(job.stdout + job.stderr)[-3000:]}"
-        )
-    records = read_records(os.path.join(model_dir, "metrics.jsonl"))
-    train = [r for r in records if r.get("kind") == "train" and r["step"] >= args.warmup_steps]
-    if len(train) < 2:
-        raise RuntimeError(f"too few train records past step {args.warmup_steps} in {model_dir}")
-    return (train[-1]["step"] - train[0]["step"]) / (train[-1]["time"] - train[0]["time"])
 
 
 def run(args):

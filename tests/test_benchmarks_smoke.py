@@ -4,7 +4,8 @@ No timing is asserted; only that they exit 0 and write JSON with the keys that r
 tools read. --smoke starts a benchmark's variant processes all at once (almost all of a smoke
 run is TensorFlow starting). run_all smoke-runs trainer_vs_baselines, steps_per_loop_auto and
 mirrored_vs_one_device; model_parallel and data_service run below; ps_vs_tf_keras and
-mnist_time_to_accuracy in tests/test_bench_*.py.
+mnist_time_to_accuracy in tests/test_bench_*.py; large_tables (one_device and
+multi_worker_mirrored) below.
 """
 
 from __future__ import annotations
@@ -145,3 +146,16 @@ def test_data_service_smoke_compares_with_static_shards_in_the_same_run(tmp_path
     (figure,) = check_figures(payload)
     assert figure["ratio"] == payload["results"]["served"]["ratio_to_static"] > 0
     assert "x static" in stdout
+
+
+def test_large_tables_smoke_compares_strategies_with_one_device_in_the_same_run(tmp_path):
+    out = str(tmp_path / "bench")
+    stdout = run_smoke("benchmarks.large_tables", out, "--only=multi_worker_mirrored", timeout=280)
+    payload = load(out, "large_tables")
+    assert payload["baseline"] == "one_device"
+    assert set(payload["results"]) == {"one_device", "multi_worker_mirrored"}
+    assert all(r["steps_per_s"] > 0 for r in payload["results"].values())
+    (figure,) = check_figures(payload)
+    assert figure["target"] == ">= 0.5"
+    assert figure["ratio"] == payload["results"]["multi_worker_mirrored"]["ratio_to_one_device"]
+    assert "x one_device" in stdout

@@ -166,6 +166,31 @@ def distributed_components(value: Any) -> tuple:
     return tuple(getattr(value, "_values", ()))
 
 
+def local_component(variable: Any) -> Any:
+    """The TF variable this replica (or this update) reads: a mirrored variable's component here.
+
+    `tf.gather` on a plain resource variable is a `ResourceGather`: only the
+    rows asked for are read. On a `MirroredVariable` (mirrored,
+    multi_worker_mirrored) it is a `ReadVariableOp` of the whole table and then
+    a `GatherV2`: every lookup reads every row (issue 36). Gathering from the
+    component on the current replica's device (`_get_on_device_or_primary`: by
+    replica id in a replica context, by device in an update) reads the rows
+    only; the tape sees the same handle, so the gradient is still the
+    variable's `IndexedSlices`. TF has no public accessor for the component.
+    """
+    stored = variable_storage(variable)
+    if distributed_components(stored):
+        return stored._get_on_device_or_primary()  # noqa: SLF001
+    return stored
+
+
+def sparse_read(variable: Any, ids: Any) -> Any:
+    """Rows `ids` of `variable` (Keras or TF, plain or mirrored), reading only those rows."""
+    import tensorflow as tf
+
+    return tf.gather(local_component(variable), ids)
+
+
 def recreate_variable_storage(variable: Any, value: Any) -> None:
     """Creates a built Keras variable's storage anew from `value` (`_value = None`, then `_initialize`).
 
@@ -286,6 +311,33 @@ def adagrad_accumulator(optimizer: Any, variable: Any) -> Any:
     slot of one variable.
     """
     return optimizer._accumulators[optimizer._get_variable_index(variable)]  # noqa: SLF001
+
+
+def replace_gradient_all_reduce(optimizer: Any, all_reduce: Callable[[Any, list], list]) -> None:
+    """Makes the Keras 3 optimizer (and a loss-scale optimizer's inner one) sum the replicas'
+    gradients with `all_reduce(replica_context, gradients)` instead of one `all_reduce` call.
+
+    Keras sums them in `_all_reduce_sum_gradients(grads_and_vars)` (backend/tensorflow/
+    optimizer.py) inside `apply_gradients`, with None gradients left out; it has no public
+    way to choose how. Outside a replica context nothing is reduced, as in Keras.
+    """
+    import tensorflow as tf
+
+    def all_reduce_sum_gradients(grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        context = tf.distribute.get_replica_context()
+        present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
+        if context is None or not present:
+            return grads_and_vars
+        reduced = all_reduce(context, [grads_and_vars[i][0] for i in present])
+        result = list(grads_and_vars)
+        for i, g in zip(present, reduced):
+            result[i] = (g, grads_and_vars[i][1])
+        return result
+
+    for target in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if target is not None:
+            target._all_reduce_sum_gradients = all_reduce_sum_gradients  # noqa: SLF001
 
 
 def make_metric_updates_atomic(metrics: Sequence[Any]) -> None:

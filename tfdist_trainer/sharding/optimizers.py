@@ -116,7 +116,7 @@ class SparseAdagrad(ReshardableOptimizerMixin, keras.optimizers.Adagrad):
             tf.cast(gradient.values, variable.dtype), position, tf.shape(indices)[0]
         )
         accumulator.scatter_add(tf.IndexedSlices(tf.square(values), indices))
-        accumulated = tf.gather(accumulator, indices)
+        accumulated = tf_compat.sparse_read(accumulator, indices)
         variable.scatter_sub(
             tf.IndexedSlices(lr * values / tf.sqrt(accumulated + self.epsilon), indices)
         )

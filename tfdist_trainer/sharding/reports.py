@@ -72,7 +72,9 @@ def placement_table(model_or_variables: Any) -> str:
 def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, Any]:
     """What a traced step graph does with the model's sharded tables (for tests and debugging).
 
-    Counts the sparse accesses (ResourceGather, ResourceScatter*) and lists any
+    Counts the sparse accesses (ResourceGather, ResourceScatter*) and the
+    collective ops between synchronous replicas (each a round trip between
+    workers under multi_worker_mirrored), and lists any
     op whose output has the full shape of a table or of a whole shard: a dense
     read (ReadVariableOp) or a concatenation (ConcatV2) of whole shards means
     the step moves the table, not only the rows it needs.
@@ -83,7 +85,7 @@ def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, 
         full_shapes.add((table.layout.vocab, table.dim))
         for i in range(table.layout.num_shards):
             full_shapes.add((table.layout.rows(i), table.dim))
-    sparse, dense = {}, []
+    sparse, collectives, dense = {}, {}, []
     graphs, seen = [graph], set()
     while graphs:  # the graph, and the function graphs nested in it (loop bodies)
         g = graphs.pop()
@@ -94,11 +96,14 @@ def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, 
         for op in g.get_operations():
             if op.type.startswith(("ResourceGather", "ResourceScatter")):
                 sparse[op.type] = sparse.get(op.type, 0) + 1
+            elif op.type.startswith("Collective"):
+                collectives[op.type] = collectives.get(op.type, 0) + 1
             for out in op.outputs:
                 if out.shape.rank == 2 and tuple(out.shape.as_list()) in full_shapes:
                     dense.append({"op": op.type, "name": op.name, "shape": out.shape.as_list()})
     return {
         "sparse_ops": sparse,
+        "collective_ops": collectives,
         "full_table_ops": dense,
         "tables": [
             {"name": t.key, "rows": t.layout.vocab, "dim": t.dim, "shards": t.layout.num_shards}

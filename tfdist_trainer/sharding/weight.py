@@ -126,13 +126,15 @@ class ShardedWeight:
             flat, restore = tf.unique(flat)
         variables = self.tf_variables()
         if len(variables) == 1:
-            rows = tf.gather(variables[0], flat)  # ResourceGather on the variable's device
+            rows = tf_compat.sparse_read(variables[0], flat)
         elif fixed_size:
             shard, local = self.layout.assign(flat)
             rows = None
             for i, variable in enumerate(variables):
                 mine = tf.equal(shard, i)
-                gathered = tf.gather(variable, tf.where(mine, local, tf.zeros_like(local)))
+                gathered = tf_compat.sparse_read(
+                    variable, tf.where(mine, local, tf.zeros_like(local))
+                )
                 part = tf.where(mine[:, None], gathered, tf.zeros_like(gathered))
                 rows = part if rows is None else rows + part
         else:
@@ -141,7 +143,7 @@ class ShardedWeight:
             positions = tf.range(tf.size(flat))
             local_parts = tf.dynamic_partition(local, shard, len(variables))
             position_parts = tf.dynamic_partition(positions, shard, len(variables))
-            parts = [tf.gather(v, p) for v, p in zip(variables, local_parts)]
+            parts = [tf_compat.sparse_read(v, p) for v, p in zip(variables, local_parts)]
             rows = tf.dynamic_stitch(position_parts, parts)
         if unique:
             rows = tf.gather(rows, restore)
