@@ -21,7 +21,15 @@ from clusterlib import REPO, launch_cmd, read_records, strategy_gin
 
 # keras_hub_*: models nobody here wrote (recipes/keras_hub: keras-hub's GPT-2 causal LM with its
 # tied head, and a BERT classifier, built from config), 2 blocks of width 128.
-MODELS = ("transformer_lm", "resnet_cnn", "wide_deep", "keras_hub_gpt2", "keras_hub_bert")
+# keras_rs_dlrm: a DLRM / DCN-v2 written with keras-rs, its tables through sharding.from_keras_rs.
+MODELS = (
+    "transformer_lm",
+    "resnet_cnn",
+    "wide_deep",
+    "keras_hub_gpt2",
+    "keras_hub_bert",
+    "keras_rs_dlrm",
+)
 STRATEGIES = (
     "one_device",
     "mirrored",
@@ -61,17 +69,24 @@ def bindings(model: str, strategy: str) -> list[str]:
     return [f"--gin_bindings={b}" for b in extra]
 
 
-def train_and_check(model: str, strategy: str, model_dir: str, extra: Sequence[str] = ()) -> None:
+def train_and_check(
+    model: str,
+    strategy: str,
+    model_dir: str,
+    extra: Sequence[str] = (),
+    cluster: Sequence[str] = ("--num_workers=2", "--num_ps=1"),
+) -> None:
     """Trains `model` under `strategy` as a user would (tfdist-launch) and checks the run.
 
-    `extra`: more gin bindings (the knobs a test adds to the zoo's settings).
+    `extra`: more gin bindings (the knobs a test adds to the zoo's settings);
+    `cluster`: tfdist-launch's task counts.
 
     Exit 0, exactly TRAIN_STEPS steps, a finite loss that falls, and the peak
     memory of the task in every progress record.
     """
     result = clusterlib.run(
         launch_cmd(
-            ["--num_workers=2", "--num_ps=1"],
+            list(cluster),
             [
                 f"--gin_file={REPO}/configs/zoo/{model}.gin",
                 strategy_gin(strategy),

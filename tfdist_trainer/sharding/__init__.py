@@ -23,9 +23,12 @@ One concept a module:
   ``optimizer/_trainable_variables``, which pins the shard count.
 - reports.py: `placement_table(model_or_variables)` formats where every
   variable lives; `step_access_report` what a traced step reads.
+- keras_rs.py: `from_keras_rs(feature_configs)`, a drop-in for keras-rs'
+  `DistributedEmbedding` whose tables are `ShardedEmbedding`s (keras-rs optional).
 """
 
 from tfdist_trainer.sharding.embedding import ShardedEmbedding
+from tfdist_trainer.sharding.keras_rs import from_keras_rs
 from tfdist_trainer.sharding.layout import PARTITION_STRATEGIES, ShardLayout
 from tfdist_trainer.sharding.optimizers import (
     SGD,
@@ -59,6 +62,7 @@ __all__ = [
     "ShardedSoftmax",
     "ShardedWeight",
     "SparseAdagrad",
+    "from_keras_rs",
     "placement_ledger",
     "placement_records",
     "placement_table",

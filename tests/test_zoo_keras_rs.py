@@ -1,0 +1,59 @@
+"""The model zoo's keras_rs_dlrm (configs/zoo/keras_rs_dlrm.gin: a DLRM / DCN-v2 written with keras-rs,
+its tables through sharding.from_keras_rs) under every strategy (see tests/zoo.py).
+
+Under parameter_server with 2 ps, the point of the bridge: keras-rs' own
+DistributedEmbedding puts each table whole on one ps (imbalance 207% measured);
+here every table is split over both and the table bytes per ps agree within 10%.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import zoo
+
+MODEL = "keras_rs_dlrm"
+TABLES = 6  # KerasRsDlrmTrainer.vocab_sizes in configs/zoo/keras_rs_dlrm.gin
+# parameter_server has its own test below, with 2 ps. Under model_parallel each table is one shard
+# (num_shards None outside parameter_server) that the 'auto' plan places whole on a device.
+NOT_PS = tuple(s for s in zoo.STRATEGIES if s != "parameter_server")
+TABLE_SHARD = re.compile(r"^embedding/(table_\d+)/embeddings_shard_\d+$")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("strategy", NOT_PS)
+def test_keras_rs_dlrm_trains_under_every_other_strategy(strategy, tmp_path):
+    zoo.train_and_check(MODEL, strategy, str(tmp_path / strategy))
+
+
+@pytest.mark.cluster
+def test_keras_rs_dlrm_tables_shard_evenly_over_two_ps(tmp_path):
+    """parameter_server, 2 workers and 2 ps: trains, every table is split over both ps, and the
+    table bytes per ps (model_dir/variable_placement.json, the chief's record) differ by < 10%."""
+    model_dir = tmp_path / "parameter_server"
+    zoo.train_and_check(
+        MODEL,
+        "parameter_server",
+        str(model_dir),
+        cluster=("--num_workers=2", "--num_ps=2"),
+    )
+    with open(os.path.join(model_dir, "variable_placement.json")) as f:
+        records = json.load(f)["variables"]
+    tasks_of: dict[str, set[str]] = {}
+    bytes_per_ps: dict[str, int] = {}
+    for record in records:
+        match = TABLE_SHARD.match(record["name"])
+        if not match:
+            continue
+        task = re.search(r"/job:ps/replica:0/task:\d+", record["device"]).group(0)
+        tasks_of.setdefault(match.group(1), set()).add(task)
+        bytes_per_ps[task] = bytes_per_ps.get(task, 0) + record["bytes"]
+    assert len(tasks_of) == TABLES, records
+    whole = {table: tasks for table, tasks in tasks_of.items() if len(tasks) < 2}
+    assert not whole, f"tables whole on one ps: {whole}"
+    assert len(bytes_per_ps) == 2, bytes_per_ps
+    assert max(bytes_per_ps.values()) <= 1.10 * min(bytes_per_ps.values()), bytes_per_ps
+    print(f"table bytes per ps: {bytes_per_ps}")
