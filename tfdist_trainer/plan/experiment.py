@@ -42,6 +42,9 @@ class Experiment:
         scaling: the optimizer is wrapped in keras.optimizers.LossScaleOptimizer).
       warm_start: None, or @WarmStart(): a fresh model_dir starts from another run's weights
         (see tfdist_trainer/plan/warm_start.py).
+      whole_table_warning_mib: a variable of at least this many MiB that sits whole on one ps,
+        or that the training step reads whole to look rows up (a plain Keras Embedding under a
+        distributed strategy), gets one warning naming it and the fix; None: no warning.
       gradient_accumulation_steps: k > 1 sums the gradients of k consecutive batches of each
         replica into one optimizer update (the update of one batch k times larger; one
         all-reduce per update); a step, and train_steps, count updates.
@@ -65,6 +68,7 @@ class Experiment:
         warm_start: Any = None,
         gradient_accumulation_steps: int = 1,
         profile_steps: Sequence[int] | None = None,
+        whole_table_warning_mib: float | None = 64,
     ):
         if trainer_cls is None:
             raise ConfigError(
@@ -124,6 +128,18 @@ class Experiment:
         ) + hooks_lib.as_hooks(extra_hooks)
         if profile_steps is not None:
             self.hooks.append(hooks_lib.Profiler(*_profile_range(profile_steps, train_steps)))
+        if whole_table_warning_mib is not None and not (
+            isinstance(whole_table_warning_mib, (int, float))
+            and not isinstance(whole_table_warning_mib, bool)
+            and whole_table_warning_mib > 0
+        ):
+            raise ConfigError(
+                f"train.whole_table_warning_mib must be a positive number of MiB or None, got "
+                f"{whole_table_warning_mib!r}."
+            )
+        self.whole_table_warning_bytes = (
+            None if whole_table_warning_mib is None else int(whole_table_warning_mib * 2**20)
+        )
         self.seed = seed
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.warm_start = warm_start_lib.as_warm_start(warm_start)

@@ -18,7 +18,9 @@ from tfdist_trainer import sharding, tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.io import storage
 from tfdist_trainer.model_parallel import layer_table
+from tfdist_trainer.runtime import whole_tables
 from tfdist_trainer.runtime.strategy_runtime import StrategyRuntime
+from tfdist_trainer.sharding.shard_placement import task_of
 from tfdist_trainer.trainers import clipping, compiled, sparse_reduce
 from tfdist_trainer.trainers.trainer import Trainer
 from tfdist_trainer.variables import format_bytes, write_report
@@ -113,15 +115,25 @@ def _refuse_keras_accumulation(trainer: Trainer) -> None:
 PLACEMENT_REPORT = "variable_placement.json"
 
 
-def log_placement(trainer: Trainer) -> None:
+def log_placement(trainer: Trainer, whole_table_warning_bytes: int | None = None) -> None:
     """Where every variable lives, once, on the chief: one summary line for the console
-    (variables, bytes per task, the ps imbalance); the whole table (variable, shape, bytes,
+    (variables, bytes per task, the ps imbalance, the largest variable), a warning for each
+    variable of at least `whole_table_warning_bytes` placed whole on one ps; the whole table (variable, shape, bytes,
     device) in the task's log, logged from `model_parallel.layer_table`, a source the
     launcher's console filter keeps in the log, and in model_dir/variable_placement.json."""
     variables = list(trainer.model.variables) + (
         list(trainer.optimizer.variables) if trainer.optimizer else []
     )
     records = sharding.placement_records(variables)
+    if whole_table_warning_bytes is not None:
+        whole_tables.warn_whole_on_ps(records["variables"], variables, whole_table_warning_bytes)
+    biggest = whole_tables.largest(records["variables"])
+    largest = (
+        f"; largest {biggest['name']} {format_bytes(biggest['bytes'])} on "
+        f"{_task_name(task_of(biggest['device']))}"
+        if biggest
+        else ""
+    )
     per_task = records["bytes_per_task"]
     total = sum(per_task.values())
     where = ", ".join(
@@ -137,11 +149,12 @@ def log_placement(trainer: Trainer) -> None:
     model_dir = getattr(getattr(trainer, "context", None), "model_dir", None)
     report = storage.join(model_dir, PLACEMENT_REPORT) if model_dir else None
     logging.info(
-        "variable placement: %d variables, %s: %s%s (the whole table: this task's log%s)",
+        "variable placement: %d variables, %s: %s%s%s (the whole table: this task's log%s)",
         len(records["variables"]),
         format_bytes(total),
         where,
         imbalance,
+        largest,
         f" and {report}" if report else "",
     )
     layer_table.log(["variable placement:", *sharding.placement_table(variables).splitlines()])

@@ -40,7 +40,7 @@ from tfdist_trainer.plan.strategies import (
     StrategyConfig,
 )
 from tfdist_trainer.plan.task import TaskContext
-from tfdist_trainer.runtime import loops
+from tfdist_trainer.runtime import loops, whole_tables
 from tfdist_trainer.runtime.loops import accumulate
 
 
@@ -126,13 +126,13 @@ class StrategyRuntime:
                 initial=min(8, experiment.steps_per_loop), agree=agree
             )
         k = experiment.gradient_accumulation_steps
-        common = dict(
-            jit_compile=experiment.jit_compile,
-            step_fn=self.train_step_fn(trainer)
-            if k == 1
-            else self.accumulating_step_fn(trainer, k),
-            batches_per_step=k,
-        )
+        step_fn = self.train_step_fn(trainer) if k == 1 else self.accumulating_step_fn(trainer, k)
+        distributed = self.schedules or self.strategy.num_replicas_in_sync > 1
+        if cluster.is_chief and distributed and experiment.whole_table_warning_bytes is not None:
+            step_fn = whole_tables.warn_whole_reads(
+                step_fn, trainer, experiment.whole_table_warning_bytes, self.config.name
+            )
+        common = dict(jit_compile=experiment.jit_compile, step_fn=step_fn, batches_per_step=k)
         if not self.schedules:
             return loops.TrainLoop(self.strategy, trainer, global_step, steps_per_loop, **common)
         return loops.ScheduledTrainLoop(

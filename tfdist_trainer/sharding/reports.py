@@ -69,6 +69,44 @@ def placement_table(model_or_variables: Any) -> str:
     return "\n".join(lines)
 
 
+def _operations(graph: tf.Graph) -> list:
+    """The ops of `graph` and of the function graphs nested in it (loop bodies, conds)."""
+    ops, graphs, seen = [], [graph], set()
+    while graphs:
+        g = graphs.pop()
+        if id(g) in seen:
+            continue
+        seen.add(id(g))
+        graphs.extend(tf_compat.graph_functions(g))
+        ops.extend(g.get_operations())
+    return ops
+
+
+def whole_reads(graph: tf.Graph, variables: list, min_bytes: int) -> list[dict[str, Any]]:
+    """The variables of at least `min_bytes` that a traced step reads whole to look rows up.
+
+    A lookup that reads only its rows is a `ResourceGather` on the variable; a
+    `GatherV2` whose table input has a variable's whole shape read the variable
+    first (a plain Keras `Embedding` under a distributed strategy, keras-rs'
+    tables off TPU): the whole table moves, or is copied, at every step.
+    """
+    large = {}
+    for variable in variables:
+        size = stored_bytes(variable)
+        if size >= min_bytes and len(variable.shape) >= 2:
+            shape = tuple(int(d) for d in variable.shape)
+            large.setdefault(shape, []).append((getattr(variable, "path", variable.name), size))
+    found: dict[str, int] = {}
+    for op in _operations(graph):
+        if op.type != "GatherV2" or not op.inputs:
+            continue
+        shape = op.inputs[0].shape
+        if shape.rank is not None and shape.is_fully_defined():
+            for name, size in large.get(tuple(shape.as_list()), ()):
+                found[name] = size
+    return [{"name": name, "bytes": size} for name, size in sorted(found.items())]
+
+
 def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, Any]:
     """What a traced step graph does with the model's sharded tables (for tests and debugging).
 
@@ -86,21 +124,14 @@ def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, 
         for i in range(table.layout.num_shards):
             full_shapes.add((table.layout.rows(i), table.dim))
     sparse, collectives, dense = {}, {}, []
-    graphs, seen = [graph], set()
-    while graphs:  # the graph, and the function graphs nested in it (loop bodies)
-        g = graphs.pop()
-        if id(g) in seen:
-            continue
-        seen.add(id(g))
-        graphs.extend(tf_compat.graph_functions(g))
-        for op in g.get_operations():
-            if op.type.startswith(("ResourceGather", "ResourceScatter")):
-                sparse[op.type] = sparse.get(op.type, 0) + 1
-            elif op.type.startswith("Collective"):
-                collectives[op.type] = collectives.get(op.type, 0) + 1
-            for out in op.outputs:
-                if out.shape.rank == 2 and tuple(out.shape.as_list()) in full_shapes:
-                    dense.append({"op": op.type, "name": op.name, "shape": out.shape.as_list()})
+    for op in _operations(graph):
+        if op.type.startswith(("ResourceGather", "ResourceScatter")):
+            sparse[op.type] = sparse.get(op.type, 0) + 1
+        elif op.type.startswith("Collective"):
+            collectives[op.type] = collectives.get(op.type, 0) + 1
+        for out in op.outputs:
+            if out.shape.rank == 2 and tuple(out.shape.as_list()) in full_shapes:
+                dense.append({"op": op.type, "name": op.name, "shape": out.shape.as_list()})
     return {
         "sparse_ops": sparse,
         "collective_ops": collectives,

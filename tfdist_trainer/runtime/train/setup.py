@@ -105,7 +105,7 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
         scope=runtime.strategy.scope,
     )
     if cluster.is_chief:
-        log_placement(trainer)
+        log_placement(trainer, experiment.whole_table_warning_bytes)
     max_over_workers = runtime.max_over_workers(cluster)
     loop = runtime.make_train_loop(
         trainer, global_step, experiment, cluster, agree=max_over_workers
