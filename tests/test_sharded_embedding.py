@@ -561,3 +561,26 @@ def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
     final_eval = [r for r in after if r["kind"] == "eval"][-1]
     assert final_eval["eval_loss"] < last_eval["eval_loss"] + 0.01, (final_eval, last_eval)
     assert final_eval["eval_auc"] > last_eval["eval_auc"] - 0.01, (final_eval, last_eval)
+
+
+def test_equal_sized_shards_of_one_initializer_start_different_and_seeded_ones_reproduce():
+    # One unseeded Keras initializer instance fixes its seed when constructed: every shard
+    # called with it got the same rows before each shard got its own draw.
+    unseeded = sharding.ShardedEmbedding(
+        10, 3, num_shards=2, embeddings_initializer=keras.initializers.RandomUniform(-1, 1)
+    )
+    unseeded.build(None)
+    first, second = (v.numpy() for v in unseeded.shards)
+    assert not np.allclose(first, second)
+
+    def seeded():
+        layer = sharding.ShardedEmbedding(
+            10, 3, num_shards=2, embeddings_initializer=keras.initializers.RandomUniform(seed=3)
+        )
+        layer.build(None)
+        return [v.numpy() for v in layer.shards]
+
+    again, once_more = seeded(), seeded()
+    assert not np.allclose(again[0], again[1])
+    np.testing.assert_array_equal(again[0], once_more[0])
+    np.testing.assert_array_equal(again[1], once_more[1])

@@ -225,7 +225,7 @@ class KerasRsEmbedding(keras.layers.Layer):
                 num_shards=None if num_shards is None else min(num_shards, table.vocabulary_size),
                 partition_strategy=partition_strategy,
                 devices=devices,
-                embeddings_initializer=DistinctPerCall(table.initializer),
+                embeddings_initializer=table.initializer,
                 unique=unique,
                 name=table.name,
             )
@@ -446,39 +446,3 @@ def _assign_whole_table(table: ShardedEmbedding, value: np.ndarray) -> None:
         )
     for i, shard in enumerate(table.shards):
         shard.assign(value[layout.logical_rows(i)])
-
-
-# -- initialisation -----------------------------------------------------------------------
-
-
-@keras.saving.register_keras_serializable(package="tfdist_trainer")
-class DistinctPerCall(keras.initializers.Initializer):
-    """Draws new values at every call, so that equal-sized shards do not start identical.
-
-    A Keras 3 random initializer fixes its seed when it is constructed (an
-    unseeded one draws a seed then), so calling one instance for every shard of
-    a table gives equal-sized shards the same rows. This clones it per call: an
-    unseeded one with a fresh seed, a seeded one with seed + call number (still
-    reproducible). Non-random initializers are called as they are.
-    """
-
-    def __init__(self, initializer: Any):
-        self.initializer = keras.initializers.get(initializer)
-        self.calls = 0
-
-    def __call__(self, shape, dtype=None):
-        config = self.initializer.get_config() if hasattr(self.initializer, "get_config") else {}
-        seed = config.get("seed", "absent")
-        self.calls += 1
-        if seed is None or (isinstance(seed, int) and not isinstance(seed, bool)):
-            if seed is not None:
-                config = {**config, "seed": seed + self.calls - 1}
-            return type(self.initializer).from_config(config)(shape, dtype=dtype)
-        return self.initializer(shape, dtype=dtype)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"initializer": keras.initializers.serialize(self.initializer)}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> DistinctPerCall:
-        return cls(keras.initializers.deserialize(config["initializer"]))
