@@ -104,7 +104,7 @@ def test_a_large_table_whole_on_one_ps_is_named_at_the_default_threshold(tmp_pat
     )
     (warning,) = _lines(stdout, WHOLE_ON_PS)
     assert warning.startswith("[chief:0]") and " W " in warning, warning
-    assert "item_table/embeddings (80.0 MiB) sits whole on ps task:" in warning, warning
+    assert "item_table/embeddings (80.0 MiB) sits whole on ps:" in warning, warning
     assert "tfdist_trainer.sharding.ShardedEmbedding" in warning and "from_keras_rs" in warning
     (placement,) = _lines(stdout, "variable placement:")
     assert "largest item_table/embeddings 80.0 MiB on ps:" in placement, placement

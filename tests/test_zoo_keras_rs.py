@@ -26,7 +26,20 @@ TABLE_SHARD = re.compile(r"^embedding/(table_\d+)/embeddings_shard_\d+$")
 @pytest.mark.cluster
 @pytest.mark.parametrize("strategy", NOT_PS)
 def test_keras_rs_dlrm_trains_under_every_other_strategy(strategy, tmp_path):
-    zoo.train_and_check(MODEL, strategy, str(tmp_path / strategy))
+    stdout = zoo.train_and_check(MODEL, strategy, str(tmp_path / strategy), extra=[WARN_ANY_TABLE])
+    assert_no_table_read_whole(stdout)
+
+
+#: Every table (the smallest is 7 x 8 floats) is a "large" one for the whole-table warnings.
+WARN_ANY_TABLE = "train.whole_table_warning_mib=0.0001"
+
+
+def assert_no_table_read_whole(stdout: str) -> None:
+    """No step reads a table whole to look rows up (GatherV2 of the table): the warning of
+    tfdist_trainer/runtime/whole_tables.py, which tests/test_whole_tables.py shows for a plain
+    Keras Embedding. (At this threshold the dense kernels placed whole on a ps are named too.)"""
+    whole = [line for line in stdout.splitlines() if "is read whole" in line]
+    assert not whole, whole
 
 
 @pytest.mark.cluster
@@ -34,11 +47,12 @@ def test_keras_rs_dlrm_tables_shard_evenly_over_two_ps(tmp_path):
     """parameter_server, 2 workers and 2 ps: trains, every table is split over both ps, and the
     table bytes per ps (model_dir/variable_placement.json, the chief's record) differ by < 10%."""
     model_dir = tmp_path / "parameter_server"
-    zoo.train_and_check(
+    stdout = zoo.train_and_check(
         MODEL,
         "parameter_server",
         str(model_dir),
         cluster=("--num_workers=2", "--num_ps=2"),
+        extra=[WARN_ANY_TABLE],
     )
     with open(os.path.join(model_dir, "variable_placement.json")) as f:
         records = json.load(f)["variables"]
@@ -57,3 +71,4 @@ def test_keras_rs_dlrm_tables_shard_evenly_over_two_ps(tmp_path):
     assert len(bytes_per_ps) == 2, bytes_per_ps
     assert max(bytes_per_ps.values()) <= 1.10 * min(bytes_per_ps.values()), bytes_per_ps
     print(f"table bytes per ps: {bytes_per_ps}")
+    assert_no_table_read_whole(stdout)

@@ -109,6 +109,7 @@ def train_and_check(
     assert clusterlib.no_process_left(model_dir) == []
     if strategy == "model_parallel":
         check_model_parallel(model, model_dir, result.stdout)
+    return result.stdout
 
 
 def check_model_parallel(model: str, model_dir: str, output: str) -> None:

@@ -38,13 +38,13 @@ def warn_whole_on_ps(records: list[dict[str, Any]], variables: list, min_bytes: 
     for record, variable in zip(records, variables):
         if is_shard(variable) or record["bytes"] < min_bytes or "/job:ps/" not in record["device"]:
             continue
-        task = record["device"].split("/job:ps/")[1].split("/device:")[0]
+        task = tf.DeviceSpec.from_string(record["device"]).task
         logging.warning(
-            "%s (%s) sits whole on ps %s: that one task holds and serves all of it, the others "
+            "%s (%s) sits whole on ps:%s: that one task holds and serves all of it, the others "
             "none; %s.",
             record["name"],
             format_bytes(record["bytes"]),
-            task.replace("replica:0/", ""),
+            task,
             FIX,
         )
 
