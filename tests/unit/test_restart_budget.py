@@ -1,6 +1,7 @@
 """tfdist-launch's restart budget (launch/restart_budget.py), in process with a fake clock.
 
-Spaced faults never add up; a crash loop spends the budget and is called one;
+Spaced faults never add up; a crash loop spends the budget and is called one, deliberate kills
+close together spend it and are called what they were;
 a task's delay doubles with its own restarts and starts over once it ran healthily.
 The launcher's use of it with real processes: tests/test_launch_faults.py.
 """
@@ -39,15 +40,23 @@ def test_a_crash_loop_spends_the_budget_and_says_so():
         clock.now += 5.0
         delays.append(budget.take("chief:0", ran_for_s=5.0))
     assert delays == [1.0, 2.0, 4.0]
-    why = budget.why_exhausted("chief:0", ran_for_s=5.0)
+    why = budget.why_exhausted("chief:0", ran_for_s=5.0, code=1)
     assert why.startswith(
-        "chief:0 is in a crash loop: it died 5s after its start, after 3 restarts"
-    )
+        "chief:0 is in a crash loop: it exited with code 1 on its own 5s after its start, "
+        "after 3 restarts within 300s"
+    ), why
     assert "--backoff_limit=3 per --backoff_window_s" in why
     # Many faults close together, each after a healthy run: the limit, not a crash loop.
-    assert budget.why_exhausted("worker:1", ran_for_s=HEALTHY_AFTER_S).startswith(
-        "the backoff limit is reached: 3 restarts within 300s"
+    assert budget.why_exhausted("worker:1", ran_for_s=HEALTHY_AFTER_S, code=1) == (
+        "the restart budget is spent: 3 restarts within 300s (--backoff_limit=3 per "
+        "--backoff_window_s); the last, worker:1, exited with code 1 on its own 120s after its start"
     )
+    # Deliberate kills close together (a fault schedule): the budget, never a crash loop.
+    for code, signal_name in ((137, "SIGKILL"), (-9, "SIGKILL"), (143, "SIGTERM")):
+        why = budget.why_exhausted("ps:0", ran_for_s=75.0, code=code)
+        assert "crash loop" not in why, why
+        assert why.startswith("the restart budget is spent: 3 restarts within 300s"), why
+        assert why.endswith(f"the last, ps:0, was killed ({signal_name}) 75s after its start"), why
     clock.now += 301.0  # the window moves on
     assert not budget.exhausted()
 

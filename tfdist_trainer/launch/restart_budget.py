@@ -17,6 +17,23 @@ from collections.abc import Callable
 
 from tfdist_trainer import checks
 
+#: Exit codes of a task ended by a signal (a shell's 128 + signal, or Popen's -signal): not its own doing.
+_KILLED_BY = {
+    137: "SIGKILL",
+    -9: "SIGKILL",
+    143: "SIGTERM",
+    -15: "SIGTERM",
+    130: "SIGINT",
+    -2: "SIGINT",
+}
+
+
+def how_it_ended(code: int | None) -> str | None:
+    """'was killed (SIGKILL)' for a task a signal ended; None for one that exited on its own."""
+    signal_name = _KILLED_BY.get(code) if code is not None else None
+    return f"was killed ({signal_name})" if signal_name else None
+
+
 #: A task that ran this long before it failed starts over at the first delay.
 HEALTHY_AFTER_S = 120.0
 #: The longest wait before a restart (Kubernetes caps CrashLoopBackOff at 5 minutes).
@@ -54,20 +71,24 @@ class RestartBudget:
     def exhausted(self) -> bool:
         return self.recent() >= self.limit
 
-    def crash_loop(self, ran_for_s: float) -> bool:
-        """Whether a task that failed after `ran_for_s` is looping: it never ran healthily."""
-        return ran_for_s < self.healthy_after_s
+    def crash_loop(self, ran_for_s: float, code: int | None = None) -> bool:
+        """Whether a task that ended with `code` after `ran_for_s` is looping: it died on its own
+        (not killed by a signal) before it ever ran healthily."""
+        return ran_for_s < self.healthy_after_s and how_it_ended(code) is None
 
-    def why_exhausted(self, role: str, ran_for_s: float) -> str:
+    def why_exhausted(self, role: str, ran_for_s: float, code: int | None = None) -> str:
+        """What spent the budget, in one clause: which task, how many restarts in which window,
+        and whether the last one was killed or ended on its own (a crash loop only then)."""
         used = (
             f"{self.recent()} restarts within {self.window_s:g}s (--backoff_limit={self.limit} "
             f"per --backoff_window_s)"
         )
-        if self.crash_loop(ran_for_s):
-            return (
-                f"{role} is in a crash loop: it died {ran_for_s:.0f}s after its start, after {used}"
-            )
-        return f"the backoff limit is reached: {used}"
+        ended = how_it_ended(code) or (
+            "died" if code is None else f"exited with code {code} on its own"
+        )
+        if self.crash_loop(ran_for_s, code):
+            return f"{role} is in a crash loop: it {ended} {ran_for_s:.0f}s after its start, after {used}"
+        return f"the restart budget is spent: {used}; the last, {role}, {ended} {ran_for_s:.0f}s after its start"
 
     def take(self, role: str, ran_for_s: float) -> float:
         """Spends one restart for `role`, which failed after running `ran_for_s`; returns its delay."""

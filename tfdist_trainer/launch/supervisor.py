@@ -308,7 +308,7 @@ class LocalCluster:
             why = (
                 f"the {self.policy.name} policy does not retry it"
                 if not self.policy.retries(code)
-                else self.budget.why_exhausted(task.role, ran_for_s)
+                else self.budget.why_exhausted(task.role, ran_for_s, code)
             )
             if task.task_type == EVALUATOR:
                 # A side-car whose only job is evaluation never ends the training it watches.
