@@ -9,7 +9,7 @@ the network, and gradients are `tf.IndexedSlices`.
 One concept a module:
 
 - layout.py: how rows are split into shards ("div" or "mod", `ShardLayout`).
-- placement.py: which device (ps task) each shard goes to, bytes-balanced
+- shard_placement.py: which device (ps task) each shard goes to, bytes-balanced
   against what is already there (`record_all_variables`, `PlacementLedger`).
 - weight.py: one logical table held as N shard variables (`ShardedWeight`),
   and its lookup.
