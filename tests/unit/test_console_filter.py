@@ -39,6 +39,10 @@ STARTUP = [
     '[chief:0]   key: "GPU"',
     "[chief:0]   value: 0",
     "[chief:0] }",
+    # gin resolving an included strategy file on its search path, matplotlib's first font cache.
+    "[worker:0] I1125 10:02:11.512093 139861 resource_reader.py:50] "
+    "system_path_file_exists:strategies/parameter_server.gin",
+    "[chief:0] I1125 10:02:09.100212 139861 font_manager.py:1848] generated new fontManager",
 ]
 
 

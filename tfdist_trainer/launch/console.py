@@ -79,6 +79,10 @@ TF_INFO_SOURCES = (
     "signature_serialization.py",
     "builder_impl.py",
     "fingerprinting_utils.py",
+    # gin resolving `include 'strategies/x.gin'` on its search path: system_path_file_exists:<path>.
+    "resource_reader.py",
+    # matplotlib (imported through tensorflow-datasets) building its font cache on a fresh HOME.
+    "font_manager.py",
 )
 #: INFO records of the package's own that are for the task's log file, not the console: the
 #: model-parallel per-layer table (hundreds of lines for a real model; the console has one line per
