@@ -32,6 +32,10 @@ STARTUP = [
     "[ps:0] W0000 00:00:1795420708.170110   19184 local_rendezvous.cc:412] Local rendezvous is "
     "aborting with status: ABORTED: Cleanup -6776639436593026586 "
     "[type.googleapis.com/tensorflow.DerivedStatus='']",
+    # gin resolving an included strategy file on its search path, matplotlib's first font cache.
+    "[worker:0] I1125 10:02:11.512093 139861 resource_reader.py:50] "
+    "system_path_file_exists:strategies/parameter_server.gin",
+    "[chief:0] I1125 10:02:09.100212 139861 font_manager.py:1848] generated new fontManager",
     "[chief:0] I1123 07:48:51.092134 140623654573760 cluster_coordinator.py:544] Waiting for all "
     "global closures to be finished.",
     "[chief:0] I1123 07:48:48.762053 140627159559040 remote.py:225] default session config: "
@@ -39,10 +43,6 @@ STARTUP = [
     '[chief:0]   key: "GPU"',
     "[chief:0]   value: 0",
     "[chief:0] }",
-    # gin resolving an included strategy file on its search path, matplotlib's first font cache.
-    "[worker:0] I1125 10:02:11.512093 139861 resource_reader.py:50] "
-    "system_path_file_exists:strategies/parameter_server.gin",
-    "[chief:0] I1125 10:02:09.100212 139861 font_manager.py:1848] generated new fontManager",
 ]
 
 
