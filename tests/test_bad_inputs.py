@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -27,6 +28,7 @@ from clusterlib import (
     strategy_gin,
     tf_config,
     train_cmd,
+    user_env,
 )
 
 EXIT_CONFIG = 2
@@ -265,6 +267,63 @@ def test_trainer_cls_unset(model_dir):
 def test_bad_module(model_dir):
     r = _train(*_mnist("one_device", model_dir), "--module=no_such_user_module")
     _check_run(r, model_dir, ["--module no_such_user_module", "could not be imported"])
+
+
+# A user's Trainer as the recipes' used to be written (and users copy): **kwargs forwarded to a
+# base of their own, then to Trainer. Gin accepts any parameter name for it.
+USER_CLICK_MODULE = """
+import gin
+from tfdist_trainer import Trainer
+
+
+class UserBaseTrainer(Trainer):
+    def __init__(self, *, learning_rate=0.01, **kwargs):
+        super().__init__(**kwargs)
+        self.learning_rate = learning_rate
+
+
+@gin.configurable
+class UserClickTrainer(UserBaseTrainer):
+    def __init__(self, *, embedding_dim=4, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding_dim = embedding_dim
+"""
+
+
+@pytest.mark.parametrize("command", ["train", "launch"])
+def test_typo_in_a_user_trainer_binding(model_dir, tmp_path, command):
+    """One sentence and exit 2 before any task starts (it used to start the cluster, then the
+    chief failed with a 40-line TypeError); `tfdist-launch` starts no task: no task line at all."""
+    (tmp_path / "user_click.py").write_text(USER_CLICK_MODULE)
+    args = [
+        strategy_gin("one_device" if command == "train" else "parameter_server"),
+        "--module=user_click",
+        "--gin_bindings=train.trainer_cls=@UserClickTrainer",
+        "--gin_bindings=UserClickTrainer.embeding_dim=8",
+        f"--model_dir={model_dir}",
+    ]
+    cmd = (
+        train_cmd(*args)
+        if command == "train"
+        else launch_cmd(["--num_workers=2", "--num_ps=1"], args)
+    )
+    started = time.monotonic()
+    r = run(cmd, env=user_env(tmp_path), timeout=120)
+    elapsed = time.monotonic() - started
+    message = _check_run(
+        r,
+        model_dir,
+        [
+            "gin binding UserClickTrainer.embeding_dim names no parameter of UserClickTrainer",
+            "did you mean UserClickTrainer.embedding_dim?",
+            "UserBaseTrainer's learning_rate and Trainer's global_batch_size, eval_batch_size",
+        ],
+        role="local" if command == "train" else "launch",
+    )
+    assert not re.search(r"^\[(chief|worker|ps|evaluator):|started ", r.stdout, re.M), r.stdout
+    # TensorFlow's import (the user module needs Trainer) is most of it; a cluster that starts
+    # and fails took 35 s. Generous: this machine may be running another suite.
+    assert elapsed < 60, f"{elapsed:.0f}s: {message}"
 
 
 # -- strategy versus cluster -----------------------------------------------------------

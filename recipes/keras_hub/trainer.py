@@ -36,7 +36,11 @@ except ImportError as e:  # pragma: no cover - the suite installs it
 
 
 class _KerasHubTrainer(Trainer):
-    """What both models share: the backbone's shape, generated data, Adam."""
+    """What both models share: the backbone's shape, generated data, Adam.
+
+    global_batch_size and eval_batch_size are Trainer's, passed on only when given, so that
+    `Trainer.global_batch_size` in gin applies otherwise.
+    """
 
     def __init__(
         self,
@@ -53,9 +57,11 @@ class _KerasHubTrainer(Trainer):
         data_seed: int = 1234,
         use_ema: bool = False,
         global_clipnorm: float | None = None,
-        **kwargs,
+        global_batch_size: int | None = None,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(**kwargs)
+        batch_sizes = {"global_batch_size": global_batch_size, "eval_batch_size": eval_batch_size}
+        super().__init__(**{k: v for k, v in batch_sizes.items() if v is not None})
         self.use_ema = use_ema
         self.global_clipnorm = global_clipnorm
         self.vocabulary_size = vocabulary_size

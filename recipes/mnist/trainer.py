@@ -21,6 +21,8 @@ class MnistTrainer(Trainer):
       learning_rate: Adam's learning rate.
       filters: channels of the two convolutions; small values keep tests fast.
       shuffle_buffer: examples held for shuffling the training data.
+      global_batch_size, eval_batch_size: Trainer's; None: its gin bindings
+        (`Trainer.global_batch_size`) or defaults.
     """
 
     def __init__(
@@ -33,9 +35,11 @@ class MnistTrainer(Trainer):
         filters: tuple[int, int] = (32, 64),
         dense_units: int = 128,
         shuffle_buffer: int = 10_000,
-        **kwargs,
+        global_batch_size: int | None = None,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(**kwargs)
+        batch_sizes = {"global_batch_size": global_batch_size, "eval_batch_size": eval_batch_size}
+        super().__init__(**{k: v for k, v in batch_sizes.items() if v is not None})
         self.data_source = data_source
         self.tfds_data_dir = tfds_data_dir
         self.idx_dir = idx_dir

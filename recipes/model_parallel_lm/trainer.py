@@ -173,6 +173,8 @@ class TransformerLMTrainer(Trainer):
       learning_rate: the optimizer's learning rate.
       shuffle_buffer: examples held for shuffling (shuffled with `data_seed`, the same in every run).
       max_eval_batches: evaluation reads at most this many batches.
+      global_batch_size, eval_batch_size: Trainer's; None: its gin bindings
+        (`Trainer.global_batch_size`) or defaults.
     """
 
     def __init__(
@@ -191,9 +193,11 @@ class TransformerLMTrainer(Trainer):
         shuffle_buffer: int = 10_000,
         data_seed: int = 1234,
         max_eval_batches: int = 20,
-        **kwargs,
+        global_batch_size: int | None = None,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(**kwargs)
+        batch_sizes = {"global_batch_size": global_batch_size, "eval_batch_size": eval_batch_size}
+        super().__init__(**{k: v for k, v in batch_sizes.items() if v is not None})
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(
                 f"TransformerLMTrainer.eval_fraction must be in (0, 1), got {eval_fraction}."

@@ -154,6 +154,8 @@ class ResNetTrainer(Trainer):
       weight_decay: L2 penalty on every convolution and dense kernel (0 for none).
       eval_examples: held-out examples (other indices than training's) in the evaluation set.
       data_seed: seed of the class templates and the noise.
+      global_batch_size, eval_batch_size: Trainer's; None: its gin bindings
+        (`Trainer.global_batch_size`) or defaults.
     """
 
     def __init__(
@@ -168,9 +170,11 @@ class ResNetTrainer(Trainer):
         weight_decay: float = 1e-4,
         eval_examples: int = 256,
         data_seed: int = 1234,
-        **kwargs,
+        global_batch_size: int | None = None,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(**kwargs)
+        batch_sizes = {"global_batch_size": global_batch_size, "eval_batch_size": eval_batch_size}
+        super().__init__(**{k: v for k, v in batch_sizes.items() if v is not None})
         if not stage_filters or blocks_per_stage < 1:
             raise ValueError(
                 f"ResNetTrainer needs at least one stage and one block per stage, got "

@@ -62,6 +62,8 @@ class ClickTrainer(Trainer):
       report_dir: where placement.json / step_graph.json go; None: the run's model_dir
         (`self.context`; none outside a run).
       step_report: also write step_graph.json when the training step is traced.
+      global_batch_size, eval_batch_size: Trainer's; None: its gin bindings
+        (`Trainer.global_batch_size`) or defaults.
     """
 
     def __init__(
@@ -82,9 +84,11 @@ class ClickTrainer(Trainer):
         eval_batches: int = 20,
         report_dir: str | None = None,
         step_report: bool = False,
-        **kwargs,
+        global_batch_size: int | None = None,
+        eval_batch_size: int | None = None,
     ):
-        super().__init__(**kwargs)
+        batch_sizes = {"global_batch_size": global_batch_size, "eval_batch_size": eval_batch_size}
+        super().__init__(**{k: v for k, v in batch_sizes.items() if v is not None})
         if data_source not in ("synthetic", "criteo"):
             raise ValueError(
                 f"ClickTrainer.data_source must be 'synthetic' or 'criteo', got {data_source!r}."

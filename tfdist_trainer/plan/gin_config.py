@@ -154,19 +154,24 @@ def load_experiment(
     """Imports, parses and builds the gin-configured Experiment (``train.*``).
 
     `overrides` are Experiment arguments given in Python (the Python entry
-    point's `trainer_cls`); they win over gin.
+    point's `trainer_cls`); they win over gin. The Trainer's own bindings are
+    checked here too, so that `tfdist-launch`, `tfdist-train` and `train(...)`
+    refuse a misspelt one before any task starts.
     """
     check_gin_files(gin_files)
     # Registers the package's own configurables (strategies, Trainer) before parsing.
     from tfdist_trainer.plan import experiment
+    from tfdist_trainer.plan.trainer_bindings import check_trainer_bindings
 
     import_modules(modules)
     parse_gin(gin_files, gin_bindings)
     try:
-        return experiment.Experiment(**overrides)
+        loaded = experiment.Experiment(**overrides)
     except (ValueError, TypeError) as e:
         message = str(e).strip().splitlines()[0]
         raise ConfigError(message) from None
+    check_trainer_bindings(loaded.trainer_cls)
+    return loaded
 
 
 def one_line_flags_parser(
