@@ -96,3 +96,21 @@ def test_loop_traces_once_for_any_number_of_steps():
     # A second loop over the same Trainer (a benchmark, a re-built loop) traces cleanly too.
     second = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop=5)
     assert second.train(5).steps == 5
+
+
+def test_loop_stops_between_calls_when_asked():
+    # A SIGTERM is honoured after the call that was running, however many steps were asked:
+    # `stop` is asked before every call but the first (the caller has just checked).
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    trainer = _TinyTrainer(global_batch_size=16)
+    global_step, _ = state_lib.build_state(trainer, strategy)
+    loop = loops.TrainLoop(strategy, trainer, global_step, steps_per_loop=10)
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(int(global_step.numpy()))
+        return len(asked) == 2
+
+    result = loop.train(1000, stop=stop)
+    assert result.steps == 20 and int(global_step.numpy()) == 20 and asked == [10, 20]
+    assert loop.train(1000, stop=lambda: True).steps == 10  # one call, whatever it is asked

@@ -113,3 +113,36 @@ def test_a_preempted_ps_is_answered_by_the_save(tmp_path, restore_sigterm):
         hook.after_loop(run, None)
     assert run.checkpointer.steps == [70]
     assert markers.saved_step(model_dir, request) == 70
+
+
+def test_the_loop_asks_between_calls_and_the_save_answers_what_it_saw(tmp_path, restore_sigterm):
+    # The step loop asks between its calls; a ps request it saw is answered by the save that
+    # follows, although model_dir is read at most once a second (a second read would find none).
+    model_dir = f"file://{tmp_path}"
+    run = stand_in(model_dir, step=55)
+    hooks = task_hooks.task_hooks(run, schedules=True)
+    stop = task_hooks.between_loops(run, hooks)
+    assert not stop()
+    request = markers.request_save(model_dir, "ps:0")
+    assert not stop()  # read less than a second ago: not seen yet, the loop goes on
+    hooks[2].ps_requests._next_read = 0.0  # a second later
+    assert stop() and stop()  # seen, and kept
+    with pytest.raises(Preempted, match="ps:0 was preempted .*stopped at step 55"):
+        hooks[2].after_loop(run, None)
+    assert run.checkpointer.steps == [55] and markers.saved_step(model_dir, request) == 55
+
+
+def test_sigterm_is_agreed_once_then_kept(tmp_path, restore_sigterm):
+    # Synchronous workers agree on a SIGTERM (one collective per check) until one is agreed;
+    # the after_loop that saves then needs no further agreement, on every worker alike.
+    votes: list[bool] = []
+    run = stand_in(f"file://{tmp_path}")
+    run.agree = lambda flag: votes.append(flag) or flag
+    hook = task_hooks.SaveOnPreemption(run.model_dir, answers_ps=False)
+    stop = task_hooks.between_loops(run, [hook])
+    assert not stop()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert stop()
+    with pytest.raises(Preempted, match="stopped by SIGTERM at step 40"):
+        hook.after_loop(run, None)
+    assert votes == [False, True] and run.checkpointer.steps == [40]

@@ -5,12 +5,15 @@ A cluster preempts a task with SIGTERM, then SIGKILL after a grace period
 
 * **A training task** (the chief, a lone process, every multi_worker_mirrored
   worker) finishes its current loop, saves a checkpoint and exits 143
-  (tfdist_trainer.runtime.train.task_hooks).
+  (tfdist_trainer.runtime.train.task_hooks). The loop is one `tf.function`
+  call of steps_per_loop steps (the parameter_server chief: the batch of
+  closures in flight), not the stretch to the next log record: the step loop
+  asks between its calls (`task_hooks.between_loops`).
 * **A ps** (parameter_server) holds the variables, so its exit would lose
   every step since the last periodic checkpoint. It keeps serving and asks
   the chief to save (`markers.request_save`: ``preempted-ps-<i>`` in
-  model_dir). The chief, which looks between loops (`PsSaveRequests`),
-  saves after its current loop, answers (``preemption_saved``, with the
+  model_dir). The chief, which looks between batches of closures
+  (`PsSaveRequests`), saves once the batch in flight has finished, answers (``preemption_saved``, with the
   step) and exits 143; the ps exits 143 once it reads the answer, at once
   when no chief is running, or after its grace (``--preemption_grace_s``).
 * **A parameter_server worker** leaves at once (exit 143): the coordinator

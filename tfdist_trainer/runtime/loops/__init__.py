@@ -5,7 +5,7 @@ hands it to parameter_server workers; `size` picks steps per call; `evaluation`
 is one pass over the eval data.
 """
 
-from tfdist_trainer.runtime.loops.body import LoopResult
+from tfdist_trainer.runtime.loops.body import LoopResult, never
 from tfdist_trainer.runtime.loops.evaluation import EvalLoop, metric_values
 from tfdist_trainer.runtime.loops.scheduled import EMPTY_ROUNDS_AT_END, ScheduledTrainLoop
 from tfdist_trainer.runtime.loops.size import FixedStepsPerLoop, StepsPerLoopTuner
@@ -20,4 +20,5 @@ __all__ = [
     "StepsPerLoopTuner",
     "TrainLoop",
     "metric_values",
+    "never",
 ]

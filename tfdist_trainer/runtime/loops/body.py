@@ -134,6 +134,11 @@ def train_loop_fn(
     return train_loop_until_data_ends if until_data_ends else train_loop
 
 
+def never() -> bool:
+    """A loop's default `stop`: nothing asks it to end early."""
+    return False
+
+
 def combine(parts: list[tuple[int, float, int]], data_ended: bool = False) -> LoopResult:
     steps = sum(n for n, _, _ in parts)
     loss = sum(n * part_loss for n, part_loss, _ in parts) / max(steps, 1)

@@ -11,7 +11,13 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer.runtime import data_service, watchdog
-from tfdist_trainer.runtime.loops.body import LoopResult, combine, train_dataset_fn, train_loop_fn
+from tfdist_trainer.runtime.loops.body import (
+    LoopResult,
+    combine,
+    never,
+    train_dataset_fn,
+    train_loop_fn,
+)
 from tfdist_trainer.runtime.loops.size import StepsPerLoopTuner, as_loop_size
 from tfdist_trainer.trainers import data as data_lib
 from tfdist_trainer.trainers.trainer import Trainer
@@ -91,42 +97,60 @@ class ScheduledTrainLoop:
     def steps_per_loop(self) -> int:
         return self.size.value
 
-    def train(self, steps: int) -> LoopResult:
-        """Schedules ceil(steps / steps_per_loop) loops onto free workers and waits for all."""
-        scheduled = []
+    def train(self, steps: int, stop: Callable[[], bool] = never) -> LoopResult:
+        """Runs `steps` steps as closures of at most steps_per_loop, one batch (a closure per
+        worker) at a time, or fewer once `stop()` says so.
+
+        `stop` is asked between batches (not before the first: the caller has
+        just checked): on SIGTERM the chief schedules nothing more and returns
+        once the batch in flight has finished, so it saves within one batch
+        however far away the next hook stop is.
+        """
         # Never fewer closures than workers: one long closure would leave the others idle until join.
         size = max(1, min(self.size.value, math.ceil(steps / self.num_workers)))
         start = time.perf_counter()
         full, rest = divmod(steps, size)
-        for n in [size] * full + ([rest] if rest else []):
-            scheduled.append(
-                (
-                    n,
-                    self.coordinator.schedule(
-                        self._loop, args=(self._iterator, tf.constant(n, tf.int64))
-                    ),
-                )
+        sizes = [size] * full + ([rest] if rest else [])
+        parts: list[tuple[int, float, int]] = []
+        for first in range(0, len(sizes), self.num_workers):
+            if parts and stop():
+                break
+            parts += self._run_batch(sizes[first : first + self.num_workers])
+        done_steps = sum(n for n, _, _ in parts)
+        if full and done_steps == steps:  # time per full-size closure, as the tuner compares sizes
+            self.size.observe(size, (time.perf_counter() - start) * size / steps)
+        return combine(parts, self._data_ended(done_steps))
+
+    def _run_batch(self, sizes: list[int]) -> list[tuple[int, float, int]]:
+        """Schedules a closure of each size, waits for all of them (with the watchdog), and
+        returns each one's (steps taken, mean loss, first non-finite step)."""
+        scheduled = [
+            (
+                n,
+                self.coordinator.schedule(
+                    self._loop, args=(self._iterator, tf.constant(n, tf.int64))
+                ),
             )
+            for n in sizes
+        ]
         watchdog.wait_for_closures(
             self.coordinator,
             [remote for _, remote in scheduled],
             timeout_s=self.stall_timeout_s,
             worker_addresses=self.worker_addresses,
         )
-        parts = []
-        for n, remote in scheduled:
-            if self.served:
-                loss, first_bad, done, worker = remote.fetch()
-                if done < n:
-                    self._workers_out_of_data.add(int(worker))
-                n = int(done)
-            else:
-                loss, first_bad = remote.fetch()
-            parts.append((n, float(loss), int(first_bad)))
-        done_steps = sum(n for n, _, _ in parts)
-        if full and done_steps == steps:  # time per full-size closure, as the tuner compares sizes
-            self.size.observe(size, (time.perf_counter() - start) * size / steps)
-        return combine(parts, self._data_ended(done_steps))
+        return [self._outcome(n, remote) for n, remote in scheduled]
+
+    def _outcome(self, n: int, remote: Any) -> tuple[int, float, int]:
+        """One finished closure's (steps taken, mean loss, first non-finite step); a served
+        closure that took fewer than `n` steps marks its worker out of data."""
+        if not self.served:
+            loss, first_bad = remote.fetch()
+            return n, float(loss), int(first_bad)
+        loss, first_bad, done, worker = remote.fetch()
+        if done < n:
+            self._workers_out_of_data.add(int(worker))
+        return int(done), float(loss), int(first_bad)
 
     def _data_ended(self, done_steps: int) -> bool:
         """Whether the epoch is consumed: every worker's reader found no more data.

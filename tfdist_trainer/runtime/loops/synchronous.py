@@ -8,7 +8,13 @@ from collections.abc import Callable
 import tensorflow as tf
 from absl import logging
 
-from tfdist_trainer.runtime.loops.body import LoopResult, combine, train_dataset_fn, train_loop_fn
+from tfdist_trainer.runtime.loops.body import (
+    LoopResult,
+    combine,
+    never,
+    train_dataset_fn,
+    train_loop_fn,
+)
 from tfdist_trainer.runtime.loops.size import StepsPerLoopTuner, as_loop_size
 from tfdist_trainer.trainers import data as data_lib
 from tfdist_trainer.trainers.trainer import Trainer
@@ -52,10 +58,16 @@ class TrainLoop:
     def steps_per_loop(self) -> int:
         return self.size.value
 
-    def train(self, steps: int) -> LoopResult:
-        """Runs `steps` steps in calls of at most steps_per_loop."""
+    def train(self, steps: int, stop: Callable[[], bool] = never) -> LoopResult:
+        """Runs `steps` steps in calls of at most steps_per_loop, or fewer once `stop()` says so.
+
+        `stop` is asked between calls (not before the first: the caller has just
+        checked), so a SIGTERM is honoured after the call that was running
+        however far away the next hook stop is. A check between calls costs no
+        step a host sync: each call already ends in one (its loss).
+        """
         parts, done = [], 0
-        while done < steps:
+        while done < steps and not (parts and stop()):
             n = min(self.size.value, steps - done)
             start = time.perf_counter()
             loss, first_bad = self._loop(self._iterator, tf.constant(n, tf.int64))

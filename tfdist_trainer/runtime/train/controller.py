@@ -4,6 +4,12 @@ Like Orbit's `Controller.train`: everything the task is made of comes from
 `setup.build_run` (strategy, state, restore, loop, hooks); the task's own
 protocols (SIGTERM, a preempted ps, served data ending, the run files) are hooks
 after the user's (`task_hooks`). What stays here is the loop itself.
+
+Each `run.train` goes to the next hook stop (a log record, a checkpoint...),
+which may be thousands of steps away; the step loop asks `run.stop` between
+its `tf.function` calls (parameter_server: between batches of closures) and
+returns early on a SIGTERM or a ps's save request, so the hooks' `after_loop`
+saves within one call of the signal, whatever `log_every_n_steps` is.
 """
 
 from __future__ import annotations

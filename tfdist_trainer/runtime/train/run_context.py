@@ -173,7 +173,11 @@ class RunContext:
         return memory.peak_memory_record()
 
     def next_loop_end(self, hooks: Sequence[Hook]) -> int:
-        """The next step where a loop must end: the target, or the nearest stop a hook asks for."""
+        """The next step where a loop must end: the target, or the nearest stop a hook asks for.
+
+        A loop may end before it, never after: the step loop returns early when
+        `Run.stop` says so between its calls (SIGTERM).
+        """
         stops = (h.next_stop(self.step) for h in hooks)
         return min([self.target_step, *(s for s in stops if s is not None)])
 

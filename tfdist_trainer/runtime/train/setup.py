@@ -21,9 +21,8 @@ from tfdist_trainer.runtime import apply_warm_start, loops, statistics, strategy
 from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.state import build_state, log_placement
 from tfdist_trainer.runtime.strategy_runtime import StrategyRuntime
-from tfdist_trainer.runtime.train import stall
+from tfdist_trainer.runtime.train import stall, task_hooks
 from tfdist_trainer.runtime.train.run_context import RunContext
-from tfdist_trainer.runtime.train.task_hooks import task_hooks
 
 
 @dataclasses.dataclass
@@ -35,6 +34,8 @@ class Run:
       loop: the strategy's step loop (`loops.TrainLoop` or `loops.ScheduledTrainLoop`).
       runtime: the strategy at run time.
       hooks: the user's hooks (gin's defaults and extra_hooks), then the task's own (`task_hooks`).
+      stop: asked by the loop between its calls: true once a hook must act before the next
+        hook stop (a SIGTERM: `task_hooks.between_loops`).
     """
 
     context: RunContext
@@ -42,13 +43,14 @@ class Run:
     runtime: StrategyRuntime
     hooks: list[Hook]
     sync_statistics: Callable[[], None] = lambda: None
+    stop: Callable[[], bool] = loops.never
 
     def train(self, steps: int) -> loops.LoopResult:
-        """Runs `steps` steps, then averages the replicas' statistics (BatchNormalization's)
-        before any hook saves, evaluates or exports; a parameter_server cluster that stopped
-        answering ends the task."""
+        """Runs `steps` steps (fewer once `stop` says so), then averages the replicas'
+        statistics (BatchNormalization's) before any hook saves, evaluates or exports; a
+        parameter_server cluster that stopped answering ends the task."""
         try:
-            result = self.loop.train(steps)
+            result = self.loop.train(steps, stop=self.stop)
         except ClusterStalledError as stalled:
             timeout_s = self.runtime.config.stall_timeout_s
             raise stall.stalled_error(self.context, stalled, timeout_s) from None
@@ -121,11 +123,12 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
         evaluator=loops.EvalLoop(trainer, runtime.strategy, distributed=not runtime.schedules),
         max_over_workers=max_over_workers,
     )
-    hooks = [*experiment.hooks, *task_hooks(context, schedules=runtime.schedules)]
+    own_hooks = task_hooks.task_hooks(context, schedules=runtime.schedules)
     return Run(
         context=context,
         loop=loop,
         runtime=runtime,
-        hooks=hooks,
+        hooks=[*experiment.hooks, *own_hooks],
         sync_statistics=statistics.StatisticsSync(runtime.strategy, trainer.model),
+        stop=task_hooks.between_loops(context, own_hooks),
     )

@@ -10,7 +10,10 @@ default hooks, so a user's hook always sees a loop before the task acts on it:
    training once every worker's reader found no more data.
 3. `SaveOnPreemption`: on SIGTERM (agreed by every synchronous worker), or when
    a preempted ps asks the chief to save its variables, save after this loop,
-   answer the ps, and exit 143 (retryable). One save answers both.
+   answer the ps, and exit 143 (retryable). One save answers both. The step
+   loop asks it between its calls too (`between_loops`), so "this loop" is one
+   `tf.function` call (parameter_server: one batch of closures), never the
+   whole stretch to the next log record.
 
 tests/unit/test_task_hooks.py checks the order and each hook's effect.
 """
@@ -18,6 +21,7 @@ tests/unit/test_task_hooks.py checks the order and each hook's effect.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 
 import gin
 
@@ -64,7 +68,12 @@ class StopWhenDataEnds(Hook):
 
 
 class SaveOnPreemption(Hook):
-    """SIGTERM, or a preempted ps's save request: save after the current loop, then exit 143."""
+    """SIGTERM, or a preempted ps's save request: save after the current loop, then exit 143.
+
+    The step loop asks `requested` between its calls (`between_loops`), so the
+    save follows the loop that was running, not the next hook stop (which may
+    be a log interval of minutes away); `after_loop` asks it once more.
+    """
 
     def __init__(self, model_dir: str, *, answers_ps: bool):
         self.termination = preemption.TerminationSignal(
@@ -72,22 +81,36 @@ class SaveOnPreemption(Hook):
         )
         # A preempted ps asks the chief to save the variables it holds before it exits.
         self.ps_requests = preemption.PsSaveRequests(model_dir) if answers_ps else None
+        self._signalled = False
+        self._requests: list[dict] = []
+
+    def requested(self, run: RunContext) -> bool:
+        """Whether to save and stop now: this task's SIGTERM (on any synchronous worker: they
+        agree, one collective) or a ps's request (model_dir read at most once a second).
+
+        A yes is kept: the loop that stops on it and the `after_loop` that saves must see the
+        same requests (a second read within the second would find none), and every
+        synchronous worker, having agreed, skips the next agreement alike.
+        """
+        if not (self._signalled or self._requests):
+            self._signalled = run.agree(self.termination.received)
+            if self.ps_requests:
+                self._requests = self.ps_requests.pending(now=self._signalled)
+        return self._signalled or bool(self._requests)
 
     def after_loop(self, run, result):
-        signalled = run.agree(self.termination.received)
-        requests = self.ps_requests.pending(now=signalled) if self.ps_requests else []
-        if not (signalled or requests):
+        if not self.requested(run):
             return
         run.checkpointer.save(run.step)
         if self.ps_requests:
-            self.ps_requests.answer(requests, run.step)
-        if signalled:
+            self.ps_requests.answer(self._requests, run.step)
+        if self._signalled:
             raise Preempted(
                 f"stopped by SIGTERM at step {run.step} after saving a checkpoint; "
                 f"run the same command again to resume."
             )
         raise Preempted(
-            f"{preemption.preempted_ps_text(requests)}: stopped at step {run.step} after "
+            f"{preemption.preempted_ps_text(self._requests)}: stopped at step {run.step} after "
             f"saving a checkpoint of its variables; exiting with code {Preempted.exit_code} "
             f"(retryable): run the same command again (or let a restart policy restart the "
             f"chief and the ps) to resume."
@@ -101,3 +124,10 @@ def task_hooks(run: RunContext, *, schedules: bool) -> list[Hook]:
         StopWhenDataEnds(),
         SaveOnPreemption(run.model_dir, answers_ps=schedules and run.cluster.is_chief),
     ]
+
+
+def between_loops(run: RunContext, hooks: Sequence[Hook]) -> Callable[[], bool]:
+    """What the step loop asks between its calls: whether a task hook must act before the next
+    hook stop (`SaveOnPreemption`: a SIGTERM or a ps's save request), so it returns early."""
+    urgent = [h for h in hooks if isinstance(h, SaveOnPreemption)]
+    return lambda: any(h.requested(run) for h in urgent)
