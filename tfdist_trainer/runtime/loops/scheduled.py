@@ -98,13 +98,14 @@ class ScheduledTrainLoop:
         return self.size.value
 
     def train(self, steps: int, stop: Callable[[], bool] = never) -> LoopResult:
-        """Runs `steps` steps as closures of at most steps_per_loop, one batch (a closure per
-        worker) at a time, or fewer once `stop()` says so.
+        """Runs `steps` steps as closures of at most steps_per_loop, in batches of a closure per
+        worker with the next batch always queued, or fewer once `stop()` says so.
 
-        `stop` is asked between batches (not before the first: the caller has
-        just checked): on SIGTERM the chief schedules nothing more and returns
-        once the batch in flight has finished, so it saves within one batch
-        however far away the next hook stop is.
+        `stop` is asked each time a batch has finished, while the next one runs:
+        on SIGTERM the chief schedules nothing more and returns once that one has
+        finished too, so it saves within two batches however far away the next
+        hook stop is. The queued batch keeps every worker busy: a worker that
+        finishes first takes the next closure instead of waiting for the slowest.
         """
         # Never fewer closures than workers: one long closure would leave the others idle until join.
         size = max(1, min(self.size.value, math.ceil(steps / self.num_workers)))
@@ -112,19 +113,23 @@ class ScheduledTrainLoop:
         full, rest = divmod(steps, size)
         sizes = [size] * full + ([rest] if rest else [])
         parts: list[tuple[int, float, int]] = []
+        queued: list[list[tuple[int, Any]]] = []
         for first in range(0, len(sizes), self.num_workers):
-            if parts and stop():
-                break
-            parts += self._run_batch(sizes[first : first + self.num_workers])
+            queued.append(self._schedule(sizes[first : first + self.num_workers]))
+            if len(queued) == 2:
+                parts += self._finish(queued.pop(0))
+                if stop():
+                    break
+        for batch in queued:
+            parts += self._finish(batch)
         done_steps = sum(n for n, _, _ in parts)
         if full and done_steps == steps:  # time per full-size closure, as the tuner compares sizes
             self.size.observe(size, (time.perf_counter() - start) * size / steps)
         return combine(parts, self._data_ended(done_steps))
 
-    def _run_batch(self, sizes: list[int]) -> list[tuple[int, float, int]]:
-        """Schedules a closure of each size, waits for all of them (with the watchdog), and
-        returns each one's (steps taken, mean loss, first non-finite step)."""
-        scheduled = [
+    def _schedule(self, sizes: list[int]) -> list[tuple[int, Any]]:
+        """Schedules a closure of each size: [(steps, its RemoteValue)]."""
+        return [
             (
                 n,
                 self.coordinator.schedule(
@@ -133,6 +138,10 @@ class ScheduledTrainLoop:
             )
             for n in sizes
         ]
+
+    def _finish(self, scheduled: list[tuple[int, Any]]) -> list[tuple[int, float, int]]:
+        """Waits for a batch (with the watchdog); each closure's (steps taken, mean loss, first
+        non-finite step)."""
         watchdog.wait_for_closures(
             self.coordinator,
             [remote for _, remote in scheduled],

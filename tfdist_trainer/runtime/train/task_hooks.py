@@ -12,7 +12,7 @@ default hooks, so a user's hook always sees a loop before the task acts on it:
    a preempted ps asks the chief to save its variables, save after this loop,
    answer the ps, and exit 143 (retryable). One save answers both. The step
    loop asks it between its calls too (`between_loops`), so "this loop" is one
-   `tf.function` call (parameter_server: one batch of closures), never the
+   `tf.function` call (parameter_server: at most two batches of closures), never the
    whole stretch to the next log record.
 
 tests/unit/test_task_hooks.py checks the order and each hook's effect.
