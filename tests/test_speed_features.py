@@ -27,20 +27,20 @@ def _train(tmp_path, *bindings, strategy="one_device", steps=200):
 
 @pytest.mark.cluster
 def test_auto_steps_per_loop_settles_and_trains(tmp_path):
-    # Enough steps to try every size up to 512 (8*3 + 16*2 + ... + 512*2 = 2040): on a busy host noise
-    # can look like a gain at each doubling, and the search must still settle within the run.
+    # On a busy host noise can look like a gain at every doubling; the search is bounded by the
+    # run (settled within half of it), so it must report a size whatever the timings.
     result, model_dir = _train(
         tmp_path,
         "train.steps_per_loop='auto'",
-        "train.log_every_n_steps=2500",
+        "train.log_every_n_steps=600",
         "train.checkpoint_every_n_steps=None",
-        steps=2500,
+        steps=600,
     )
     assert result.returncode == 0, result.stdout[-3000:]
     settled = re.findall(r"steps_per_loop='auto' settled on (\d+)", result.stdout)
     assert settled, result.stdout[-3000:]
-    assert 8 <= int(settled[0]) <= 1024
-    assert read_records(model_dir)[-1]["step"] == 2500
+    assert 8 <= int(settled[0]) <= 64  # 600 steps: up to 64 (8*3 + 2*(16 + 32 + 64) = 248)
+    assert read_records(model_dir)[-1]["step"] == 600
 
 
 @pytest.mark.cluster

@@ -49,6 +49,27 @@ def test_tuner_stops_at_maximum():
     assert tuner.frozen and tuner.value == 32
 
 
+def test_a_search_that_always_sees_a_gain_settles_within_half_the_run():
+    # Every doubling looks faster (a loaded host), the worst case for when the search ends.
+    for train_steps in (200, 2500, 10_000, 1_000_000):
+        maximum = loops.search_maximum(8, train_steps, hook_spacing=None)
+        tuner = loops.StepsPerLoopTuner(initial=8, maximum=maximum)
+        spent = 0
+        while not tuner.frozen:
+            n = tuner.value
+            tuner.observe(n, 1.0)  # every call 1 s, however long: bigger is always faster
+            spent += n
+        assert spent <= max(train_steps // 2, 40), (train_steps, maximum, spent)
+    assert loops.search_maximum(8, 1_000_000, hook_spacing=None) == 1024
+    assert loops.search_maximum(8, 2500, hook_spacing=None) == 256
+
+
+def test_the_search_goes_no_further_than_the_hook_stops():
+    # log_every_n_steps=100: a call never runs more than 100 steps, so 128 would never be timed.
+    assert loops.search_maximum(8, 1_000_000, hook_spacing=100) == 64
+    assert loops.search_maximum(8, 1_000_000, hook_spacing=5) == 8
+
+
 def test_tuner_ignores_short_calls_at_boundaries():
     tuner = loops.StepsPerLoopTuner(initial=8)
     for _ in range(20):

@@ -28,7 +28,7 @@ class Experiment:
       train_steps: the global step at which training stops (exact under every strategy).
       steps_per_loop: steps per `tf.function` call (or per scheduled closure); None takes the
         strategy's default; 'auto' tunes it from measured throughput (up to the distance between
-        hook boundaries such as log_every_n_steps).
+        hook boundaries such as log_every_n_steps, and settling within half of train_steps).
       log_every_n_steps: progress, train-metric records and summaries.
       eval_every_n_steps: the evaluation interval; None evaluates only at the end. Without an
         evaluator task the chief evaluates inline at these steps; with one, the chief saves a
@@ -119,6 +119,7 @@ class Experiment:
         self.jit_compile = jit_compile
         self.mixed_precision = mixed_precision
         self.keep_checkpoints = keep_checkpoints
+        self.log_every_n_steps = log_every_n_steps
         self.eval_every_n_steps = eval_every_n_steps
         self.checkpoint_every_n_steps = checkpoint_every_n_steps
         self.hooks = hooks_lib.default_hooks(

@@ -122,8 +122,18 @@ class StrategyRuntime:
         """The loop that runs this task's training steps: in the task, or scheduled onto workers."""
         steps_per_loop = experiment.steps_per_loop
         if experiment.auto_steps_per_loop:
+            initial = min(8, experiment.steps_per_loop)
+            hook_stops = (
+                experiment.log_every_n_steps,
+                experiment.eval_every_n_steps,
+                experiment.checkpoint_every_n_steps,
+            )
             steps_per_loop = loops.StepsPerLoopTuner(
-                initial=min(8, experiment.steps_per_loop), agree=agree
+                initial=initial,
+                maximum=loops.search_maximum(
+                    initial, experiment.train_steps, min(n for n in hook_stops if n)
+                ),
+                agree=agree,
             )
         k = experiment.gradient_accumulation_steps
         step_fn = self.train_step_fn(trainer) if k == 1 else self.accumulating_step_fn(trainer, k)

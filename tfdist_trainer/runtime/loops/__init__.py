@@ -8,7 +8,7 @@ is one pass over the eval data.
 from tfdist_trainer.runtime.loops.body import LoopResult, never
 from tfdist_trainer.runtime.loops.evaluation import EvalLoop, metric_values
 from tfdist_trainer.runtime.loops.scheduled import EMPTY_ROUNDS_AT_END, ScheduledTrainLoop
-from tfdist_trainer.runtime.loops.size import FixedStepsPerLoop, StepsPerLoopTuner
+from tfdist_trainer.runtime.loops.size import FixedStepsPerLoop, StepsPerLoopTuner, search_maximum
 from tfdist_trainer.runtime.loops.synchronous import TrainLoop
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "LoopResult",
     "ScheduledTrainLoop",
     "StepsPerLoopTuner",
+    "search_maximum",
     "TrainLoop",
     "metric_values",
     "never",

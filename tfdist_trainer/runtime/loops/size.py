@@ -70,6 +70,26 @@ class StepsPerLoopTuner:
             )
 
 
+def search_maximum(
+    initial: int, train_steps: int, hook_spacing: int | None = None, ceiling: int = 1024
+) -> int:
+    """The largest size the 'auto' search may try, so that it settles and reports within the run.
+
+    A search that doubles while noise looks like a gain spends `initial` (the
+    traced call) plus two calls of every size it tries; past half the run it
+    would still be searching when training ends (seen on a loaded CI host:
+    2,500 steps and no size reported). Nor is a size beyond the spacing of hook
+    stops worth trying: a call never runs past the next stop, so such a size
+    only ever sees short calls, which the tuner ignores.
+    """
+    bound = min(ceiling, hook_spacing or ceiling)
+    size, spent = initial, 3 * initial
+    while size * 2 <= bound and spent + 4 * size <= train_steps // 2:
+        size *= 2
+        spent += 2 * size
+    return size
+
+
 class FixedStepsPerLoop:
     """A fixed number of steps per call."""
 
