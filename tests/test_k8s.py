@@ -38,8 +38,14 @@ def emit(launch_args: list[str], train_args: list[str]) -> subprocess.CompletedP
 
 
 def test_emit_k8s_tfjob_from_the_gin_files(tmp_path):
+    """Relative gin paths, as a user's project has them: the pods look for them in the workdir."""
     model_dir = f"gs://bucket/run-{uuid.uuid4().hex[:6]}"
-    train_args = mnist("parameter_server", model_dir)
+    train_args = [
+        "--gin_file=configs/mnist.gin",
+        *FAST_MNIST[1:],
+        "--gin_file=configs/strategies/parameter_server.gin",
+        f"--model_dir={model_dir}",
+    ]
     r = emit(
         [
             "--image=registry.example/trainer:1",
@@ -48,6 +54,8 @@ def test_emit_k8s_tfjob_from_the_gin_files(tmp_path):
             "--evaluator",
             "--cpu=2",
             "--memory=4Gi",
+            "--k8s_resources=ps:memory=16Gi",
+            "--k8s_resources=worker:cpu=6",
             "--gpus=1",
         ],
         train_args,
@@ -71,7 +79,19 @@ def test_emit_k8s_tfjob_from_the_gin_files(tmp_path):
         "Evaluator": "ExitCode",
     }
     assert all(container(s["template"])["args"] == train_args for s in specs.values())
+    assert {container(s["template"])["workingDir"] for s in specs.values()} == {"/workspace"}
+    requests = {t: container(s["template"])["resources"]["requests"] for t, s in specs.items()}
+    assert requests == {
+        "Chief": {"cpu": "2", "memory": "4Gi"},
+        "Worker": {"cpu": "6", "memory": "4Gi"},
+        "PS": {"cpu": "2", "memory": "16Gi"},
+        "Evaluator": {"cpu": "2", "memory": "4Gi"},
+    }
     assert "[launch] TFJob, NetworkPolicy for parameter_server" in r.stderr
+    assert (
+        "[launch] the pods look for configs/mnist.gin, configs/strategies/parameter_server.gin in "
+        "their workingDir /workspace (--k8s_workdir)" in r.stderr
+    ), r.stderr
     assert clusterlib.no_process_left(model_dir) == []
 
 
@@ -155,6 +175,22 @@ def test_emit_k8s_jobset_for_multi_worker_mirrored(tmp_path):
             ["--emit=k8s", "--image=i", "--k8s_flavor=jobset", "--k8s_grace_s=20"],
             [],
             ["--k8s_grace_s (20)", "--preemption_grace_s (25)", "raise --k8s_grace_s"],
+        ),
+        (
+            ["--emit=k8s", "--image=i", "--k8s_resources=gpu:cpu=1"],
+            [],
+            [
+                "--k8s_resources=gpu:cpu=1: 'gpu' is not a role; use one of chief, worker, ps, "
+                "evaluator, dispatcher."
+            ],
+        ),
+        (
+            ["--emit=k8s", "--image=i", "--k8s_resources=ps:cpu=2,memory=16GB"],
+            [],
+            [
+                "--k8s_resources=ps:cpu=2,memory=16GB: '16GB' is not a Kubernetes quantity for "
+                "memory; use e.g. 16Gi or 512Mi."
+            ],
         ),
     ],
 )

@@ -277,8 +277,8 @@ def test_indexed_single_process_has_no_tf_config():
 @pytest.mark.parametrize(
     "policy, pod_restart, backoff, has_failure_policy",
     [
-        ("ExitCode", "Never", 3, True),
-        ("OnFailure", "OnFailure", 3, False),
+        ("ExitCode", "Never", k8s.DEFAULT_BACKOFF_LIMIT, True),
+        ("OnFailure", "OnFailure", k8s.DEFAULT_BACKOFF_LIMIT, False),
         ("Never", "Never", 0, False),
     ],
 )

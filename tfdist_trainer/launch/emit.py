@@ -5,10 +5,46 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.launch.flags import FLAGS
 from tfdist_trainer.launch.say import error
+
+#: k8s.manifests' keyword arguments (all but the job's own name, strategy and train_args) and the
+#: tfdist-launch flag that gives each.
+OPTION_FLAGS = {
+    "image": "image",
+    "flavor": "k8s_flavor",
+    "num_workers": "num_workers",
+    "num_ps": "num_ps",
+    "evaluator": "evaluator",
+    "namespace": "k8s_namespace",
+    "cpu": "cpu",
+    "memory": "memory",
+    "resources": "k8s_resources",
+    "gpus": "gpus",
+    "port": "k8s_port",
+    "restart_policy": "restart_policy",
+    "backoff_limit": "backoff_limit",
+    "grace_s": "k8s_grace_s",
+    "volume": "k8s_volume",
+    "image_pull_policy": "image_pull_policy",
+    "workdir": "k8s_workdir",
+}
+
+
+def manifest_options() -> dict[str, Any]:
+    """k8s.manifests' keyword arguments from the flags: the one place where a flag's value, or
+    its default, becomes the manifests' (tests/unit/test_k8s_defaults.py holds BUILD.md to it)."""
+    from tfdist_trainer.launch import k8s
+
+    options = {arg: FLAGS[flag].value for arg, flag in OPTION_FLAGS.items()}
+    options["resources"] = list(options["resources"])
+    if not FLAGS["restart_policy"].present:
+        # A local run's default (Never) would leave a preempted pod down.
+        options["restart_policy"] = k8s.DEFAULT_RESTART_POLICY
+    return options
 
 
 def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
@@ -30,32 +66,18 @@ def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
                 "your Trainer and your gin files installed."
             )
         k8s.check_train_args(train_args)
+        k8s.parse_resources(FLAGS.cpu, FLAGS.memory, FLAGS.k8s_resources)  # before the gin files
         experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
         name = FLAGS.k8s_name or k8s.dns_label(
             os.path.basename(os.path.normpath(settings.model_dir)) or "tfdist"
         )
-        restart_policy = FLAGS.restart_policy if FLAGS["restart_policy"].present else "ExitCode"
         objects = k8s.manifests(
             strategy_config=experiment.strategy_config,
             name=name,
-            image=FLAGS.image,
             train_args=train_args,
-            flavor=FLAGS.k8s_flavor,
-            num_workers=FLAGS.num_workers,
-            num_ps=FLAGS.num_ps,
-            evaluator=FLAGS.evaluator,
-            namespace=FLAGS.k8s_namespace,
-            cpu=FLAGS.cpu,
-            memory=FLAGS.memory,
-            gpus=FLAGS.gpus,
-            port=FLAGS.k8s_port,
-            restart_policy=restart_policy,
-            backoff_limit=FLAGS.backoff_limit,
-            grace_s=FLAGS.k8s_grace_s,
-            volume=FLAGS.k8s_volume,
-            image_pull_policy=FLAGS.image_pull_policy,
+            **manifest_options(),
         )
-    except ConfigError as e:  # ClusterConfigError and ManifestError are ConfigErrors
+    except ConfigError as e:  # ClusterConfigError, ManifestError, ResourceError are ConfigErrors
         error(str(e))
     text = k8s.to_yaml(objects) if FLAGS.k8s_format == "yaml" else k8s.to_json(objects)
     shared = settings.model_dir.startswith(("gs://", "s3://", "hdfs://")) or (
@@ -71,6 +93,7 @@ def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
             f"--model_dir {settings.model_dir} must be storage every pod shares (a bucket, or a path "
             f"under --k8s_volume)"
         )
+    notes.extend(k8s.image_path_notes(settings.gin_file, settings.module, FLAGS.k8s_workdir))
     if FLAGS.emit_file:
         try:
             with open(FLAGS.emit_file, "w") as f:

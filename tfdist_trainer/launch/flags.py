@@ -7,7 +7,12 @@ import argparse
 from absl import flags
 
 from tfdist_trainer.io.markers import DEFAULT_PREEMPTION_GRACE_S
-from tfdist_trainer.launch.k8s.job import DEFAULT_GRACE_S
+from tfdist_trainer.launch.k8s.job import (
+    DEFAULT_BACKOFF_LIMIT,
+    DEFAULT_GRACE_S,
+    DEFAULT_RESTART_POLICY,
+    DEFAULT_WORKDIR,
+)
 
 FLAGS = flags.FLAGS
 
@@ -23,7 +28,8 @@ flags.DEFINE_enum(
     "restart_policy",
     "Never",
     ["Never", "OnFailure", "ExitCode"],
-    "Like Kubeflow: restart failed tasks never, on any failure, or on exit codes 128-255.",
+    "Like Kubeflow: restart failed tasks never, on any failure, or on exit codes 128-255. "
+    f"With --emit=k8s the default is {DEFAULT_RESTART_POLICY}.",
 )
 flags.DEFINE_boolean(
     "console_chatter",
@@ -41,7 +47,7 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_integer(
     "backoff_limit",
-    5,
+    DEFAULT_BACKOFF_LIMIT,
     "Restarts allowed within any --backoff_window_s before the job fails (spaced faults never add "
     "up; a crash loop spends them in minutes).",
 )
@@ -118,6 +124,20 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("cpu", None, "CPU request of every task, e.g. '4'.")
 flags.DEFINE_string("memory", None, "Memory request and limit of every task, e.g. '8Gi'.")
+flags.DEFINE_multi_string(
+    "k8s_resources",
+    [],
+    "ROLE:cpu=N,memory=M: one role's CPU request and memory request (= limit) instead of "
+    "--cpu/--memory, e.g. ps:memory=64Gi or worker:cpu=8,memory=16Gi; repeat for other roles "
+    "(chief, worker, ps, evaluator, dispatcher).",
+)
+flags.DEFINE_string(
+    "k8s_workdir",
+    DEFAULT_WORKDIR,
+    "The containers' workingDir: relative --gin_file paths and --module names after '--' "
+    "resolve from it, as they do from the directory tfdist-launch runs in, so the image must "
+    "have them there (BUILD.md, Kubernetes, has a Dockerfile). Empty: the image's own WORKDIR.",
+)
 flags.DEFINE_integer(
     "gpus",
     0,
@@ -182,8 +202,10 @@ HELP_GROUPS = (
             "image_pull_policy",
             "k8s_name",
             "k8s_namespace",
+            "k8s_workdir",
             "cpu",
             "memory",
+            "k8s_resources",
             "gpus",
             "k8s_port",
             "k8s_volume",

@@ -27,6 +27,10 @@ exactly as for a local launch (`task_layout`). Every pod runs the same
 
 Every pod's terminationGracePeriodSeconds is ``--k8s_grace_s``: a preempted
 task saves (or waits for the chief's save) between SIGTERM and SIGKILL.
+Every container's workingDir is ``--k8s_workdir`` (/workspace): the pods
+resolve relative gin paths and modules there, as a local launch does in its
+current directory. ``--cpu``/``--memory`` size every task and
+``--k8s_resources=ROLE:cpu=N,memory=M`` one role (`resources`).
 
 Both add a NetworkPolicy that admits traffic to the job's pods only from
 pods of the same job, on the gRPC port: TensorFlow's servers have no
@@ -45,14 +49,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tfdist_trainer.launch.k8s.image import image_path_notes
 from tfdist_trainer.launch.k8s.indexed import indexed_manifests, task_address
 from tfdist_trainer.launch.k8s.job import (
     CONTAINER,
+    DEFAULT_BACKOFF_LIMIT,
     DEFAULT_GRACE_S,
     DEFAULT_PORT,
+    DEFAULT_RESTART_POLICY,
+    DEFAULT_WORKDIR,
     FLAVORS,
     JOB_LABEL,
     PERMANENT_EXIT_CODES,
+    TRAIN_COMMAND,
     TYPE_LABEL,
     JobSpec,
     ManifestError,
@@ -63,25 +72,34 @@ from tfdist_trainer.launch.k8s.job import (
 from tfdist_trainer.launch.k8s.jobset import jobset_manifests, jobset_task_address
 from tfdist_trainer.launch.k8s.objects import network_policy
 from tfdist_trainer.launch.k8s.output import to_json, to_yaml
+from tfdist_trainer.launch.k8s.resources import ROLES, ResourceError, parse_resources
 from tfdist_trainer.launch.k8s.tfjob import tfjob_manifests
 from tfdist_trainer.plan.task_layout import task_layout
 
 __all__ = [
     "CONTAINER",
+    "DEFAULT_BACKOFF_LIMIT",
     "DEFAULT_GRACE_S",
     "DEFAULT_PORT",
+    "DEFAULT_RESTART_POLICY",
+    "DEFAULT_WORKDIR",
     "FLAVORS",
     "JOB_LABEL",
     "PERMANENT_EXIT_CODES",
+    "ROLES",
+    "ResourceError",
+    "TRAIN_COMMAND",
     "TYPE_LABEL",
     "JobSpec",
     "ManifestError",
     "check_train_args",
     "dns_label",
+    "image_path_notes",
     "job_spec",
     "jobset_task_address",
     "manifests",
     "network_policy",
+    "parse_resources",
     "task_address",
     "task_layout",
     "to_json",
@@ -105,13 +123,15 @@ def manifests(
     namespace: str | None = None,
     cpu: str | None = None,
     memory: str | None = None,
+    resources: Sequence[str] = (),
     gpus: int = 0,
     port: int = DEFAULT_PORT,
-    restart_policy: str = "ExitCode",
-    backoff_limit: int = 3,
+    restart_policy: str = DEFAULT_RESTART_POLICY,
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
     grace_s: int = DEFAULT_GRACE_S,
     volume: str | None = None,
     image_pull_policy: str | None = None,
+    workdir: str | None = DEFAULT_WORKDIR,
 ) -> list[dict[str, Any]]:
     """The Kubernetes objects of one job, in the order to apply them.
 
@@ -121,7 +141,11 @@ def manifests(
       image: a container image with this package, the user's code and the gin files installed.
       train_args: the `tfdist-train` arguments, identical for every task.
       flavor: 'tfjob' (Kubeflow training operator), 'indexed' (plain Kubernetes Jobs) or 'jobset'.
+      cpu, memory: every task's CPU request and memory request (= limit), e.g. '4', '8Gi'.
+      resources: 'ROLE:cpu=N,memory=M' each, one role's values instead of `cpu`/`memory`.
       volume: 'CLAIM:/mount/path', a PersistentVolumeClaim mounted in every pod (the shared model_dir).
+      workdir: the containers' workingDir, where relative --gin_file paths and --module names in
+        `train_args` resolve; None or '': the image's own WORKDIR.
       restart_policy: Never, OnFailure or ExitCode (Kubeflow's: only exit codes 128-255 are retried).
       grace_s: every pod's terminationGracePeriodSeconds; above the tasks' --preemption_grace_s.
     """
@@ -137,6 +161,7 @@ def manifests(
         namespace=namespace,
         cpu=cpu,
         memory=memory,
+        resources=resources,
         gpus=gpus,
         port=port,
         restart_policy=restart_policy,
@@ -144,5 +169,6 @@ def manifests(
         grace_s=grace_s,
         volume=volume,
         image_pull_policy=image_pull_policy,
+        workdir=workdir,
     )
     return _BUILDERS[flavor](spec)

@@ -9,6 +9,7 @@ from typing import Any
 
 from tfdist_trainer import errors
 from tfdist_trainer.io import markers
+from tfdist_trainer.launch.k8s.resources import ResourceError, Resources, role_resources
 from tfdist_trainer.plan.cluster import (
     CHIEF,
     DISPATCHER,
@@ -25,8 +26,20 @@ DEFAULT_PORT = 2222
 #: up to --preemption_grace_s (25 s) while the chief saves after its current loop; this covers
 #: that hold with margin (BUILD.md, Preemption, has the save times it was chosen from).
 DEFAULT_GRACE_S = 60
+#: Restarts a job may spend (TFJob runPolicy.backoffLimit, a Job's backoffLimit, JobSet
+#: maxRestarts); also tfdist-launch's --backoff_limit default for a local run.
+DEFAULT_BACKOFF_LIMIT = 5
+#: The emitted pods' restart policy unless --restart_policy is given (a local run's is Never):
+#: on Kubernetes a preempted or evicted task (exit 128-255) must come back.
+DEFAULT_RESTART_POLICY = "ExitCode"
+#: Every container's workingDir: relative --gin_file paths and --module names after `--` resolve
+#: from it, as they do from the directory tfdist-launch runs in; BUILD.md's Dockerfile copies a
+#: project there.
+DEFAULT_WORKDIR = "/workspace"
 
 CONTAINER = "tensorflow"  # the container the training operator injects TF_CONFIG into
+#: What every container runs (the image's ENTRYPOINT is overridden): the package's console script.
+TRAIN_COMMAND = "tfdist-train"
 JOB_LABEL = "tfdist-trainer/job"
 TYPE_LABEL = "tfdist-trainer/task-type"
 TFJOB_REPLICA_TYPES = {CHIEF: "Chief", WORKER: "Worker", PS: "PS", EVALUATOR: "Evaluator"}
@@ -101,8 +114,8 @@ class JobSpec:
     #: task type -> count, in start order (`task_layout`)
     layout: dict[str, int]
     namespace: str | None
-    cpu: str | None
-    memory: str | None
+    #: task type -> its CPU and memory (`resources.role_resources`)
+    resources: dict[str, Resources]
     gpus: int
     port: int
     restart_policy: str
@@ -112,6 +125,8 @@ class JobSpec:
     #: (PersistentVolumeClaim, mount path) of the shared model_dir, or None
     mount: tuple[str, str] | None
     image_pull_policy: str | None
+    #: the containers' workingDir; None: the image's own WORKDIR
+    workdir: str | None
 
 
 def job_spec(
@@ -127,13 +142,15 @@ def job_spec(
     namespace: str | None = None,
     cpu: str | None = None,
     memory: str | None = None,
+    resources: Sequence[str] = (),
     gpus: int = 0,
     port: int = DEFAULT_PORT,
-    restart_policy: str = "ExitCode",
-    backoff_limit: int = 3,
+    restart_policy: str = DEFAULT_RESTART_POLICY,
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
     grace_s: int = DEFAULT_GRACE_S,
     volume: str | None = None,
     image_pull_policy: str | None = None,
+    workdir: str | None = DEFAULT_WORKDIR,
 ) -> JobSpec:
     """Checks a job's settings for its manifests; every mistake is one ManifestError naming the fix.
 
@@ -174,12 +191,27 @@ def job_spec(
         if not claim or not path.startswith("/"):
             raise ManifestError(f"--k8s_volume must look like CLAIM:/mount/path, got {volume!r}.")
         mount = (claim, path)
+    if workdir and not workdir.startswith("/"):
+        raise ManifestError(
+            f"--k8s_workdir must be an absolute path in the image (e.g. {DEFAULT_WORKDIR}), got "
+            f"{workdir!r}."
+        )
     check_train_args(train_args)
     try:
         layout = task_layout(
             strategy_config, num_workers=num_workers, num_ps=num_ps, evaluator=evaluator
         )
     except ClusterConfigError as e:
+        raise ManifestError(str(e)) from None
+    try:
+        per_role = role_resources(
+            layout,
+            cpu=cpu,
+            memory=memory,
+            overrides=resources,
+            strategy_name=getattr(strategy_config, "name", "") or "this",
+        )
+    except ResourceError as e:
         raise ManifestError(str(e)) from None
 
     return JobSpec(
@@ -189,8 +221,7 @@ def job_spec(
         train_args=tuple(train_args),
         layout=layout,
         namespace=namespace,
-        cpu=cpu,
-        memory=memory,
+        resources=per_role,
         gpus=gpus,
         port=port,
         restart_policy=restart_policy,
@@ -198,4 +229,5 @@ def job_spec(
         grace_s=grace_s,
         mount=mount,
         image_pull_policy=image_pull_policy,
+        workdir=workdir or None,
     )

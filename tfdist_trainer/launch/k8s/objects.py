@@ -10,6 +10,7 @@ from tfdist_trainer.launch.k8s.job import (
     CONTAINER,
     JOB_LABEL,
     PERMANENT_EXIT_CODES,
+    TRAIN_COMMAND,
     TYPE_LABEL,
     JobSpec,
 )
@@ -81,12 +82,16 @@ def tfdist_container(
     env: Sequence[Mapping[str, Any]],
     volume: tuple[str, str] | None,
     image_pull_policy: str | None,
+    workdir: str | None = None,
 ) -> dict[str, Any]:
     container: dict[str, Any] = {"name": CONTAINER, "image": image}
     if image_pull_policy:
         container["imagePullPolicy"] = image_pull_policy
-    container["command"] = ["tfdist-train"]
+    container["command"] = [TRAIN_COMMAND]
     container["args"] = list(train_args)
+    if workdir:
+        # Relative --gin_file paths and --module names in `args` resolve from here.
+        container["workingDir"] = workdir
     container["env"] = [
         *env,
         {"name": "GRPC_FAIL_FAST", "value": "use_caller"},
@@ -155,14 +160,16 @@ def container_for(
 ) -> dict[str, Any]:
     """The tfdist-train container of a task of `task_type` (GPUs only where the strategy runs steps)."""
     gpu = spec.gpus if spec.strategy_config.runs_steps(task_type) else 0
+    own = spec.resources[task_type]
     return tfdist_container(
         image=spec.image,
         train_args=spec.train_args,
         port=spec.port,
         env=env,
         volume=spec.mount,
-        resources=container_resources(cpu=spec.cpu, memory=spec.memory, gpus=gpu),
+        resources=container_resources(cpu=own.cpu, memory=own.memory, gpus=gpu),
         image_pull_policy=spec.image_pull_policy,
+        workdir=spec.workdir,
     )
 
 
