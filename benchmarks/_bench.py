@@ -18,9 +18,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
+from tfdist_trainer.launch.console import ConsoleFilter
 from tfdist_trainer.tables import format_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -213,12 +215,21 @@ class Variants:
     """One child process per variant (``python -m benchmarks.<name> ... --variant_process=V``), so
     that no variant's threads or caches can slow another's; one runs at a time.
 
-    Children start one after another, each warming up alone (--smoke: all at once).
+    Children start one after another, each warming up alone (--smoke: all at once). A child's
+    stderr goes to ``<out>/logs/<benchmark>-<variant>.log``, and to the console less TensorFlow's
+    start-up lines (the launcher's ConsoleFilter: each child printed 3, a failed cuInit among them).
+    Its stdout carries the answers, and stays apart: an answer is one line, never cut by a log line.
     """
 
     def __init__(self, args, names):
         cmd = [sys.executable, "-m", f"benchmarks.{args.benchmark}", *args.argv]
         self.tag, self.procs, self.info = args.benchmark, {}, {}
+        self.log_paths = {
+            name: os.path.join(args.out, "logs", f"{args.benchmark}-{name}.log") for name in names
+        }
+        os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
+        self._logs = {name: open(path, "a") for name, path in self.log_paths.items()}  # noqa: SIM115
+        self._shown = {name: ConsoleFilter() for name in names}
         self.runs: dict[str, list[dict]] = {name: [] for name in names}
         self.times: dict[str, list[float]] = {name: [] for name in names}
         self.last: dict[str, Any] = {}
@@ -230,8 +241,10 @@ class Variants:
                     env=child_env(),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     text=True,
                 )
+                threading.Thread(target=self._pump_stderr, args=(name,), daemon=True).start()
                 if not args.smoke:
                     self._ready(name)
             for name in names if args.smoke else ():
@@ -258,7 +271,20 @@ class Variants:
                 return json.loads(line[len(_REPLY) :])
             print(f"[{self.tag}:{name}] {line}", end="", flush=True)
         code = self.procs[name].wait()
-        raise RuntimeError(f"[{self.tag}] {name} ended (exit {code}) before answering (see above)")
+        raise RuntimeError(
+            f"[{self.tag}] {name} ended (exit {code}) before answering (see above; its stderr: "
+            f"{self.log_paths[name]})"
+        )
+
+    def _pump_stderr(self, name: str) -> None:
+        for line in self.procs[name].stderr:
+            try:
+                self._logs[name].write(line)
+                self._logs[name].flush()
+            except ValueError:  # closed by close(): a child still writing after its last answer
+                pass
+            if self._shown[name](line.rstrip("\n")):
+                print(f"[{self.tag}:{name}] {line}", end="", file=sys.stderr, flush=True)
 
     def request(self, name: str, request: Any) -> dict:
         """One request to the variant's process; its answer (seconds, CPU, result)."""
@@ -298,6 +324,8 @@ class Variants:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        for log in self._logs.values():
+            log.close()
 
 
 # -- a local cluster ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import random
 import re
 import subprocess
@@ -190,12 +191,14 @@ def test_two_devices_place_named_layers_and_match_one_device(runs):
     assert_placed(placement, EXPECTED_2)
     # Built under their devices: nothing had to be moved afterwards.
     assert placement["moved_after_build"] == []
-    # The placement is logged at start: one line per device, then the table (one row per layer).
+    # The placement is logged at start: one line per device on the console, then the table (one
+    # row per layer) in the task's log.
     assert "model_parallel placement over 2 device(s)" in mp["output"]
+    log = (pathlib.Path(mp["model_dir"]) / "logs" / "local.log").read_text(errors="replace")
     for layer, device in EXPECTED_2.items():
         assert any(
             line.split("]")[-1].split()[:1] == [layer] and line.rstrip().endswith(device)
-            for line in mp["output"].splitlines()
+            for line in log.splitlines()
         ), f"no table row for {layer} on {device}"
     assert re.search(r"  CPU:1: block_1 \.\. head \(2 pieces\); [\d,]+ params", mp["output"])
     reference, losses = train_losses(one["model_dir"]), train_losses(mp["model_dir"])

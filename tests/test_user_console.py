@@ -11,10 +11,22 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
-from clusterlib import FAST_MNIST, PYTHON, REPO, base_env, launch_cmd, run, strategy_gin
+from clusterlib import (
+    FAST_MNIST,
+    PYTHON,
+    REPO,
+    base_env,
+    launch_cmd,
+    run,
+    strategy_gin,
+    train_cmd,
+)
 
+from tfdist_trainer.errors import EXIT_CONFIG
 from tfdist_trainer.launch.console import ConsoleFilter
 
 # -- --help -------------------------------------------------------------------------------------
@@ -322,3 +334,110 @@ def test_a_failing_task_prints_its_cause_and_one_traceback(tmp_path):
         assert f"[launch] {other} failed too: {cause} (traceback: {other_log})" in lines, out
     assert not [line for line in lines if line.startswith(f"[{other}]") and cause in line], out
     assert lines[-1] == "[launch] job failed with exit code 1", out[-3000:]
+
+
+# -- a fresh machine: each command's console starts with the tool's own line ----------------------
+
+#: What TensorFlow, CUDA, matplotlib and gin print at every start (on a fresh HOME, matplotlib
+#: builds its font cache): in the task's log, never on a console.
+STARTUP_WORDS = (
+    "InitializeLog",
+    "cuda drivers",
+    "cuInit",
+    "cpu_feature_guard",
+    "oneDNN",
+    "fontManager",
+    "system_path_file_exists",
+)
+
+
+class _Timed:
+    """A command started now with a fresh HOME (no matplotlib cache) and TensorFlow's C++ log level
+    unset, as a user has it; `lines()` waits for it and returns (seconds since start, line) pairs,
+    read from a pipe as they came."""
+
+    def __init__(self, tmp_path, name: str, cmd: list[str], *, unbuffered: bool = True):
+        home = tmp_path / f"home-{name}"
+        home.mkdir()
+        env = base_env({"HOME": str(home)})
+        env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+        env.pop("MPLCONFIGDIR", None)
+        if not unbuffered:  # a user's shell: Python block-buffers a pipe unless told otherwise
+            env.pop("PYTHONUNBUFFERED", None)
+        self._start = time.monotonic()
+        self._proc = subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._timed: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            self._timed.append((time.monotonic() - self._start, line.rstrip("\n")))
+
+    def lines(self, code: int = 0) -> list[tuple[float, str]]:
+        self._proc.wait(timeout=TIMEOUT_S)
+        self._reader.join(timeout=10)
+        out = "\n".join(line for _, line in self._timed)
+        assert self._proc.returncode == code, f"exit {self._proc.returncode}:\n{out[-6000:]}"
+        chatter = [line for _, line in self._timed if any(w in line for w in STARTUP_WORDS)]
+        assert not chatter, "\n".join(chatter)
+        assert "Traceback" not in out, out[-6000:]
+        return self._timed
+
+
+@pytest.mark.cluster
+def test_every_console_starts_with_the_tools_own_line_on_a_fresh_home(tmp_path):
+    """tfdist-train alone, then --mode=evaluate and --mode=export of its checkpoint, a typo, and
+    tfdist-launch into a pipe without PYTHONUNBUFFERED: no start-up line of TensorFlow, CUDA,
+    matplotlib or gin on any console (the task's log keeps them), a fatal error printed once,
+    the optimizer left out of a checkpoint read said once, the launcher's lines as they come."""
+    model_dir = tmp_path / "model"
+    steps = [strategy_gin("one_device"), "--gin_bindings=train.train_steps=5"]
+    train = _Timed(tmp_path, "train", train_cmd(*FAST_MNIST, *steps, f"--model_dir={model_dir}"))
+    typo = _Timed(
+        tmp_path,
+        "typo",
+        train_cmd(*FAST_MNIST, "--gin_bindings=train.train_stepz=5", f"--model_dir={model_dir}x"),
+    )
+    launch = _Timed(
+        tmp_path,
+        "launch",
+        launch_cmd([], [*FAST_MNIST, *steps, f"--model_dir={tmp_path / 'launched'}"]),
+        unbuffered=False,
+    )
+    [(_, error)] = typo.lines(EXIT_CONFIG)
+    assert error.startswith("[local] error: bad gin configuration: ") and "train_stepz" in error
+    assert not os.path.exists(f"{model_dir}x")  # no log, no model_dir for a configuration error
+
+    trained = [line for _, line in train.lines()]
+    assert re.match(r"^\[local\] I\d{4} [\d:.]+ +\d+ cli\.py:\d+\] train as local ", trained[0])
+    log = (model_dir / "logs" / "local.log").read_text(errors="replace")
+    assert "InitializeLog" in log and "generated new fontManager" in log, log[:3000]
+    assert "training done at step 5" in trained[-1] and trained[-1] in log
+
+    modes = {
+        mode: _Timed(
+            tmp_path, mode, train_cmd(*FAST_MNIST, f"--mode={mode}", f"--model_dir={model_dir}")
+        )
+        for mode in ("evaluate", "export")
+    }
+    for mode, timed in modes.items():
+        lines = [line for _, line in timed.lines()]
+        assert re.search(r"\] read \S+ckpt-5: the model's variables \(its optimizer", lines[0]), (
+            lines
+        )
+        mode_log = (model_dir / "logs" / f"{mode}.log").read_text(errors="replace")
+        assert "could not be found in the restored object" not in mode_log, mode_log[-3000:]
+
+    launched = launch.lines()
+    assert launched[0][1].startswith("[launch] one_device: "), launched[:5]
+    # line-buffered into a pipe: the launcher's first line long before its last
+    assert launched[0][0] < launched[-1][0] - 2, launched

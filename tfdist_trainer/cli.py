@@ -93,6 +93,13 @@ flags.DEFINE_string(
 flags.DEFINE_string(
     "export_dir", None, "--mode=export: where to write (default: <model_dir>/export/<checkpoint>)."
 )
+flags.DEFINE_boolean(
+    "console_chatter",
+    False,
+    "Also print TensorFlow's, CUDA's, matplotlib's and gin's known start-up lines on the console. "
+    "Without it they go only to <model_dir>/logs/<task>.log (a local model_dir), with every "
+    "other line; tfdist_trainer.launch.console says which lines.",
+)
 
 
 #: `tfdist-train --help`: the flags above, grouped (a flag in no group is listed under "other").
@@ -119,6 +126,7 @@ HELP_GROUPS = (
         ),
     ),
     ("fault tolerance", ("chief_gone_grace_s", "preemption_grace_s", "evaluator_timeout_s")),
+    ("the console", ("console_chatter",)),
 )
 HELP_EXAMPLES = (
     "tfdist-train --gin_file=my_project/train.gin --gin_file=strategies/mirrored.gin "
@@ -130,12 +138,12 @@ HELP_EXAMPLES = (
 
 
 def _fail(role: str, message: str, code: int, *, hard: bool = False) -> None:
-    """Ends the task with one sentence and `code`.
+    """Ends the task with one sentence and `code`: printed once (an absl error record of the
+    same sentence before it read as a second failure); the task's log gets the same line.
 
     `hard` skips interpreter shutdown: after a stall, TF threads blocked on a
     silent peer would keep the process from ever exiting.
     """
-    logging.error("%s", message)
     print(f"[{role}] error: {message}", file=sys.stderr, flush=True)
     if hard:
         logging.flush()
@@ -151,6 +159,10 @@ def main(argv: list[str]) -> None:
             f"unexpected arguments {argv[1:]}; pass settings as --flags or --gin_bindings.",
             EXIT_CONFIG,
         )
+    from tfdist_trainer.launch import task_console
+
+    # Before anything imports TensorFlow: its start-up lines go to the task's log only.
+    task_console.own_console(FLAGS.model_dir, chatter=FLAGS.console_chatter)
     from tfdist_trainer.io import model_dir as model_dir_lib
     from tfdist_trainer.launch import parent_watch
     from tfdist_trainer.plan import cluster as cluster_lib
@@ -221,6 +233,7 @@ def main(argv: list[str]) -> None:
         model_dir_lib.create(FLAGS.model_dir)
     except errors.ConfigError as e:
         _fail(role, str(e), EXIT_CONFIG)
+    task_console.log_to(FLAGS.model_dir, role.replace(":", "-"))
     logging.info("%s as %s under %s", action.value, role, strategy_config.name)
     if action is Action.EVALUATE:
         from tfdist_trainer.runtime import preemption
@@ -243,6 +256,7 @@ def main(argv: list[str]) -> None:
 def _checkpoint_mode(mode: str) -> None:
     """--mode=evaluate or export: one checkpoint, in this process, whatever TF_CONFIG says."""
     from tfdist_trainer.io import model_dir as model_dir_lib
+    from tfdist_trainer.launch import task_console
     from tfdist_trainer.runtime.logs import set_role
 
     role = "local"
@@ -250,6 +264,7 @@ def _checkpoint_mode(mode: str) -> None:
     os.environ.pop("TF_CONFIG", None)  # no cluster: the model reads the checkpoint in this process
     try:
         model_dir_lib.check(FLAGS.model_dir)
+        task_console.log_to(FLAGS.model_dir, mode)
         from tfdist_trainer.plan.gin_config import load_experiment
 
         experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)

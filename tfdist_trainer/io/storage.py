@@ -260,7 +260,8 @@ def rmtree(path: str) -> None:
 
 
 class LogCopy:
-    """A copy of one task's output under model_dir/logs, written through `tf.io.gfile`.
+    """A copy of one task's output under model_dir/logs: a plain file on a local disk (so that a
+    process without TensorFlow, tfdist-train's console, can keep one), `tf.io.gfile` elsewhere.
 
     One writer per task stays open for the whole job (a restarted task writes
     on into the same log). Why not reopen and append per line: object stores
@@ -279,12 +280,13 @@ class LogCopy:
         self._flush_every_s = 0.0 if local is not None else remote_flush_s
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
-        self._file = _gfile(path).GFile(path, "ab" if local is not None else "wb")
         if local is not None:
-            # creates the file (GFile opens lazily), to make it private before any output
-            self._file.write(b"")
-            self._file.flush()
-            os.chmod(local, 0o600)
+            # created user-only before any output: logs hold paths, hosts and what a Trainer prints
+            descriptor = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.chmod(local, 0o600)  # a log an older run left with a wider mode
+            self._file = os.fdopen(descriptor, "ab")
+        else:
+            self._file = _gfile(path).GFile(path, "wb")
 
     def write(self, data: bytes) -> None:
         with self._lock:

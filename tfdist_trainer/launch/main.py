@@ -148,7 +148,13 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    The console is line-buffered whatever it is: Python block-buffers a pipe or a file, and
+    `tfdist-launch ... | tee run.txt` showed nothing for the first seconds, then bursts.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
     from tfdist_trainer.launch import flags as launch_flags
     from tfdist_trainer.plan.gin_config import one_line_flags_parser
 
