@@ -202,8 +202,12 @@ class ClickTrainer(Trainer):
             )
         first = 0
         if self._asynchronous_workers:
-            # parameter_server workers all get input pipeline 0 and the same traced dataset
-            # function: start each worker's stream at a different batch instead.
+            # Each parameter_server worker already reads its own share: input_pipeline_id is its
+            # index, bound when the coordinator makes the dataset on it
+            # (tfdist_trainer.trainers.data.worker_input_context). What a share cannot tell apart
+            # is a second start: the coordinator makes a recovered worker's dataset again, which
+            # would begin its share at batch 0 and repeat the batches it trained on. A start
+            # drawn from the clock puts every start elsewhere in the 2**40-batch stream.
             first = tf.cast(tf.timestamp() * 1e6, tf.int64) % (1 << 40)
         return self.synthetic.dataset(
             batch,
