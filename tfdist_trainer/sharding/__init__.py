@@ -17,6 +17,11 @@ One concept a module:
   so a checkpoint restores into any number of shards, ps tasks and either
   partition strategy.
 - sharded_layer.py, embedding.py, softmax.py: the layers.
+- dynamic_keys.py, dynamic_table.py, dynamic_embedding.py: `DynamicEmbedding`,
+  a table with no vocabulary size (int64 or string keys, a key -> row hash
+  table and a row pool per shard; admission by `min_count`, LFU eviction when
+  a shard is full, `max_age_steps`), for one_device and parameter_server, and
+  `dynamic_table_stats(model)`, its counters (rows in use, admitted, evicted).
 - optimizers.py: `SGD`, `SparseAdagrad` and `reshardable(cls)`, whose slots
   of sharded tables are saved as logical tables too. With a stock Keras
   optimizer the shards are also saved, by position, under
@@ -27,6 +32,7 @@ One concept a module:
   `DistributedEmbedding` whose tables are `ShardedEmbedding`s (keras-rs optional).
 """
 
+from tfdist_trainer.sharding.dynamic_embedding import DynamicEmbedding, dynamic_table_stats
 from tfdist_trainer.sharding.embedding import ShardedEmbedding
 from tfdist_trainer.sharding.keras_rs import from_keras_rs
 from tfdist_trainer.sharding.layout import PARTITION_STRATEGIES, ShardLayout
@@ -53,6 +59,7 @@ from tfdist_trainer.sharding.weight import ShardedWeight
 
 __all__ = [
     "PARTITION_STRATEGIES",
+    "DynamicEmbedding",
     "SGD",
     "PlacementLedger",
     "ReshardableOptimizerMixin",
@@ -62,6 +69,7 @@ __all__ = [
     "ShardedSoftmax",
     "ShardedWeight",
     "SparseAdagrad",
+    "dynamic_table_stats",
     "from_keras_rs",
     "placement_ledger",
     "placement_records",

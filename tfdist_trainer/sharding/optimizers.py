@@ -38,6 +38,9 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
         table = getattr(reference_variable, "_tfdist_table", None)
         if table is not None:
             slot._tfdist_slot_of = (table, name)
+        dynamic = getattr(reference_variable, "_tfdist_dynamic_shard", None)
+        if dynamic is not None:  # a DynamicEmbedding's pool: its evicted rows reset the slot's rows
+            dynamic.register_slot(slot, initializer)
         return slot
 
     def checkpoint_children(self, children: dict[str, Any]) -> dict[str, Any]:

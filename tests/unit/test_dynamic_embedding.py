@@ -1,0 +1,276 @@
+"""DynamicEmbedding in one process, no strategy: rows made on first sight, admission, LFU and age
+eviction, slot resets, string keys, read-only inference, checkpoints and the bad inputs' messages."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdist_trainer import sharding
+from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.sharding.dynamic_table import DEFAULT_ROW
+
+
+def _layer(capacity=8, **kwargs) -> sharding.DynamicEmbedding:
+    kwargs.setdefault("embeddings_initializer", keras.initializers.RandomUniform(-1, 1, seed=3))
+    layer = sharding.DynamicEmbedding(4, capacity, name="ids", **kwargs)
+    layer.build(None)
+    return layer
+
+
+def _keys(*values) -> tf.Tensor:
+    return tf.constant(values, tf.int64)
+
+
+def _row(layer, key: int, shard: int = 0) -> int:
+    """The key's row, or -1 for none."""
+    return int(layer.shards[shard].table.lookup(_keys(key))[0])
+
+
+def _stats(layer) -> dict[str, float]:
+    return {k.split("/", 1)[1]: v for k, v in sharding.dynamic_table_stats(layer).items()}
+
+
+def _pool(layer, shard: int = 0) -> np.ndarray:
+    return layer.shards[shard].pool.numpy()
+
+
+def test_keys_get_their_own_rows_on_first_sight_and_keep_them():
+    layer = _layer()
+    out = layer(tf.constant([[10, 20], [10, 2**62]], tf.int64), training=True).numpy()
+    assert out.shape == (2, 2, 4)
+    rows = [_row(layer, k) for k in (10, 20, 2**62)]
+    assert sorted(rows) == [1, 2, 3]
+    np.testing.assert_array_equal(out[0, 0], out[1, 0])  # one key, one row
+    np.testing.assert_array_equal(out[1, 1], _pool(layer)[_row(layer, 2**62)])
+    layer(_keys(20, 30), training=True)
+    assert _row(layer, 20) == rows[1]
+    assert _stats(layer)["rows_in_use"] == 4 and _stats(layer)["admitted"] == 4
+
+
+def test_a_key_reads_the_default_row_until_it_is_seen_min_count_times():
+    layer = _layer(min_count=3)
+    default = _pool(layer)[DEFAULT_ROW]
+    for _ in range(2):
+        out = layer(_keys(7), training=True).numpy()
+        np.testing.assert_array_equal(out[0], default)
+        assert _row(layer, 7) == -1
+    assert _stats(layer)["rows_in_use"] == 0
+    layer(_keys(7), training=True)  # the third sighting
+    assert _row(layer, 7) == 1 and _stats(layer)["admitted"] == 1
+    layer(_keys(8, 8, 8), training=True)  # three sightings in one batch count as three
+    assert _row(layer, 8) == 2
+
+
+def test_a_full_shard_evicts_its_least_frequently_used_rows():
+    layer = _layer(capacity=5)  # rows 1-4 for keys; an eviction frees max(1, 5 // 16) = 1 row
+    for keys in [(1, 2, 3, 4), (1, 2, 4), (1, 2, 4), (1, 2)]:
+        layer(_keys(*keys), training=True)
+    freed = _row(layer, 3)  # seen once: the least frequently used
+    layer(_keys(5), training=True)
+    assert _row(layer, 3) == -1 and _row(layer, 5) == freed
+    assert all(_row(layer, k) > 0 for k in (1, 2, 4))
+    stats = _stats(layer)
+    assert stats["evicted"] == 1 and stats["rows_in_use"] == 4 and stats["admitted"] == 5
+
+
+def test_rows_not_seen_for_max_age_steps_are_freed():
+    layer = _layer(max_age_steps=2)  # swept every max(1, 2 // 8) = 1 step
+    layer(_keys(1), training=True)  # step 1
+    for _ in range(2):  # steps 2, 3: key 1 is 2 steps old, not yet more
+        layer(_keys(2), training=True)
+    assert _row(layer, 1) > 0
+    layer(_keys(2), training=True)  # step 4: last seen at 1 < 4 - 2
+    assert _row(layer, 1) == -1 and _row(layer, 2) > 0
+    stats = _stats(layer)
+    assert stats["expired"] == 1 and stats["rows_in_use"] == 1 and stats["evicted"] == 0
+
+
+def _sgd_step(layer, optimizer):
+    @tf.function
+    def step(keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(layer(keys, training=True) - 1.0))
+        gradients = tape.gradient(loss, layer.trainable_variables)
+        optimizer.apply(gradients, layer.trainable_variables)
+        return gradients
+
+    return step
+
+
+def test_an_evicted_row_is_drawn_anew_and_its_adagrad_accumulator_reset():
+    layer = _layer(capacity=3)  # rows 1 and 2
+    optimizer = sharding.SparseAdagrad(0.5, initial_accumulator_value=0.1)
+    optimizer.build(layer.trainable_variables)
+    step = _sgd_step(layer, optimizer)
+    gradients = step(_keys(1, 2))
+    assert isinstance(gradients[0], tf.IndexedSlices)
+    step(_keys(1))
+    accumulator = tf_accumulator(optimizer, layer)
+    row = _row(layer, 2)
+    trained = _pool(layer)[row].copy()
+    assert accumulator.numpy()[row].min() > 0.1
+    untouched = _pool(layer)[DEFAULT_ROW].copy()
+    step(_keys(1, 3))  # key 2 (seen once) makes room for key 3
+    assert _row(layer, 2) == -1 and _row(layer, 3) == row
+    # Key 3's row was drawn anew, then trained once from a reset accumulator.
+    assert not np.allclose(_pool(layer)[row], trained)
+    lr_step = np.abs(_pool(layer)[row] - trained)
+    assert lr_step.max() < 3
+    np.testing.assert_array_equal(_pool(layer)[DEFAULT_ROW], untouched)
+    g = accumulator.numpy()[row] - 0.1  # one step's squared gradient on top of the reset value
+    assert g.min() > 0 and g.max() < accumulator.numpy()[_row(layer, 1)].max()
+
+
+def tf_accumulator(optimizer, layer):
+    from tfdist_trainer import tf_compat
+
+    return tf_compat.adagrad_accumulator(optimizer, layer.shards[0].pool)
+
+
+def test_string_keys_are_their_64_bit_fingerprints():
+    layer = _layer(key_dtype="string", num_shards=2)
+    out = layer(tf.constant(["a", "bb", "a"]), training=True).numpy()
+    np.testing.assert_array_equal(out[0], out[2])
+    assert _stats(layer)["rows_in_use"] == 2
+    # tf.fingerprint (FarmHash) is stable across platforms and versions: the key of "a" never changes.
+    a = -5528939962900187677
+    assert tf.bitcast(tf.fingerprint(tf.constant(["a"])), tf.int64).numpy()[0] == a
+    assert max(_row(layer, a, shard) for shard in (0, 1)) > 0
+
+
+def test_inference_never_inserts_and_reads_the_default_row_for_unseen_keys():
+    layer = _layer(num_shards=2)
+    for training in (False, None):
+        out = layer(_keys(1, 2, 3), training=training).numpy()
+        for i in range(3):
+            assert any(np.array_equal(out[i], _pool(layer, s)[DEFAULT_ROW]) for s in (0, 1))
+    assert _stats(layer)["rows_in_use"] == 0
+    layer(_keys(1), training=True)
+    assert _stats(layer)["rows_in_use"] == 1
+    layer(_keys(1, 2), training=False)
+    assert _stats(layer)["rows_in_use"] == 1
+
+
+def _model(**kwargs) -> keras.Model:
+    keys = keras.Input((2,), dtype="int64")
+    rows = sharding.DynamicEmbedding(
+        3,
+        5,  # 4 rows a shard, at least the 4 distinct keys of a batch
+        num_shards=2,
+        min_count=2,
+        embeddings_initializer=keras.initializers.RandomUniform(-1, 1, seed=1),
+        name="ids",
+        **kwargs,
+    )(keys)
+    return keras.Model(keys, keras.layers.Dense(1)(keras.layers.Flatten()(rows)))
+
+
+def test_a_checkpoint_round_trips_keys_rows_slots_and_counts_and_a_resumed_run_continues_exactly(
+    tmp_path,
+):
+    batches = [np.array([[i % 7, (3 * i) % 11], [i % 5, 100 + i]], np.int64) for i in range(20)]
+
+    def trainer():
+        model = _model()
+        optimizer = sharding.SparseAdagrad(0.1)
+        optimizer.build(model.trainable_variables)
+
+        @tf.function
+        def step(keys):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(keys, training=True) - 1.0))
+            optimizer.apply(
+                tape.gradient(loss, model.trainable_variables), model.trainable_variables
+            )
+            return loss
+
+        return model, optimizer, step
+
+    model, optimizer, step = trainer()
+    for keys in batches[:16]:
+        step(keys)
+    stats = sharding.dynamic_table_stats(model)
+    assert stats["ids/evicted"] > 0 and stats["ids/admitted"] > 0  # evictions are in the state
+    path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(str(tmp_path / "ckpt"))
+
+    restored, restored_optimizer, restored_step = trainer()
+    tf.train.Checkpoint(model=restored, optimizer=restored_optimizer).restore(
+        path
+    ).assert_consumed()
+    probe = np.array([[k, k + 1] for k in range(0, 120, 3)], np.int64)  # seen and unseen keys
+    np.testing.assert_array_equal(model(probe).numpy(), restored(probe).numpy())
+    assert sharding.dynamic_table_stats(restored) == stats
+    for keys in batches[16:]:
+        step(keys)
+        restored_step(keys)
+    np.testing.assert_array_equal(model(probe).numpy(), restored(probe).numpy())
+    assert sharding.dynamic_table_stats(restored) == sharding.dynamic_table_stats(model)
+
+
+# -- bad input ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"capacity": 1}, "capacity must be an integer >= 2"),
+        ({"min_count": 0}, "min_count must be an integer >= 1"),
+        ({"max_age_steps": 0}, "max_age_steps must be None or an integer >= 1"),
+        ({"key_dtype": "float32"}, "key_dtype must be 'int64' or 'string'"),
+        ({"embeddings_initializer": "glorot_uniform"}, "embeddings_initializer must be one of"),
+    ],
+)
+def test_bad_arguments_are_one_sentence(kwargs, fragment):
+    args = {"output_dim": 4, "capacity": 8, **kwargs}
+    with pytest.raises(ConfigError, match=fragment):
+        sharding.DynamicEmbedding(name="ids", **args)
+
+
+@pytest.mark.parametrize(
+    "key_dtype, keys, fragment",
+    [
+        ("int64", tf.constant([1.5, 2.0]), "key_dtype='int64' needs integer ids, got float32"),
+        ("int64", tf.constant(["a"]), "key_dtype='int64' needs integer ids, got string"),
+        ("string", tf.constant([1], tf.int64), "key_dtype='string' but the keys are int64"),
+        ("int64", tf.ragged.constant([[1], [2, 3]], tf.int64), "must be a dense tensor"),
+    ],
+)
+def test_keys_of_the_wrong_kind_are_one_sentence(key_dtype, keys, fragment):
+    layer = _layer(key_dtype=key_dtype)
+    with pytest.raises(ConfigError, match=fragment):
+        layer(keys, training=True)
+
+
+def test_a_batch_with_more_distinct_keys_than_a_shard_holds_names_layer_shard_and_capacity():
+    layer = _layer(capacity=4)
+    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+        layer(_keys(1, 2, 3, 4, 5), training=True)
+    message = str(error.value)
+    assert "ids shard 0: capacity=4 rows" in message and "raise capacity or num_shards" in message
+    assert "5" in message  # the distinct keys that needed a row
+
+
+def test_replicated_strategies_are_refused_with_what_to_use_instead():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        layer = sharding.DynamicEmbedding(4, 8, name="ids")
+        with pytest.raises(ConfigError, match="one_device or parameter_server only, not Mirrored"):
+            layer.build(None)
+
+
+def test_a_call_wrapped_by_model_parallel_placement_is_refused():
+    layer = _layer()
+    original = layer.call
+    layer.call = lambda *args, **kwargs: original(*args, **kwargs)
+    with pytest.raises(ConfigError, match="does not run under model_parallel"):
+        layer(_keys(1), training=True)
+
+
+def test_a_slot_registered_after_the_training_step_was_traced_is_refused():
+    layer = _layer()
+    tf.function(lambda k: layer(k, training=True))(_keys(1))
+    with pytest.raises(RuntimeError, match="build the optimizer first"):
+        sharding.SparseAdagrad(0.1).build(layer.trainable_variables)

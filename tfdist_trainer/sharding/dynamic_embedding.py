@@ -1,0 +1,297 @@
+"""`DynamicEmbedding`: an embedding table that grows with its keys (no vocabulary size), and its counters.
+
+Why: a `ShardedEmbedding` has a fixed number of rows, so raw ids (64-bit
+user ids, Criteo's hex strings) must first be hashed into buckets, and
+distinct ids share a row. Here every key gets its own row the first time it
+is seen `min_count` times, from a pool of `capacity` rows per shard; when a
+shard is full its least frequently used rows are evicted (LFU), and with
+`max_age_steps` rows not seen for that long are freed. Keys map to shards by a
+stable hash of the key (dynamic_keys.py); each shard's state and its
+operations live on one device (dynamic_table.py): a ps task under
+parameter_server, placed bytes-balanced with the other variables.
+
+Only the rows a batch uses cross the network: the lookup happens on the ps,
+the layer gathers those rows of the pool, and the pool's gradient is
+`tf.IndexedSlices` (`sharding.SGD` and `sharding.SparseAdagrad` update only
+those rows; their slot rows are reset with evicted rows).
+
+Strategies: one_device (or none) and parameter_server. Under mirrored,
+multi_worker_mirrored and model_parallel every replica (or device stage)
+would need the same key -> row map, so building the layer there is a
+ConfigError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist_trainer import tf_compat
+from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.sharding.dynamic_keys import KEY_DTYPES, as_int64_keys, shard_of
+from tfdist_trainer.sharding.dynamic_table import COUNTERS, DynamicTableShard
+from tfdist_trainer.sharding.shard_placement import (
+    create_on,
+    is_parameter_server,
+    placement_ledger,
+    ps_devices,
+)
+from tfdist_trainer.sharding.weight import shard_initializer
+
+#: Initializers that can draw any number of rows at run time (an evicted row is drawn anew).
+INITIALIZERS = (
+    keras.initializers.RandomUniform,
+    keras.initializers.RandomNormal,
+    keras.initializers.TruncatedNormal,
+    keras.initializers.Zeros,
+    keras.initializers.Ones,
+    keras.initializers.Constant,
+)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+
+def _reinitializer(initializer: Any, shard: int) -> Any:
+    """`initializer` drawing fresh values at every call (a seed generator of the shard's own)."""
+    config = initializer.get_config()
+    if "seed" not in config:
+        return initializer
+    seed = config["seed"]
+    seed = seed + 1_000_003 + shard if isinstance(seed, int) else None
+    return type(initializer).from_config({**config, "seed": keras.random.SeedGenerator(seed)})
+
+
+def _refuse_replicas(layer_name: str, strategy: tf.distribute.Strategy) -> None:
+    if is_parameter_server(strategy) or not tf.distribute.has_strategy():
+        return
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return
+    raise ConfigError(
+        f"{layer_name}: a DynamicEmbedding runs under one_device or parameter_server only, "
+        f"not {type(strategy).__name__} (every replica would need the same key -> row map); "
+        f"use parameter_server, or a ShardedEmbedding of fixed size."
+    )
+
+
+def _table_device(device: str | None, strategy: tf.distribute.Strategy) -> str | None:
+    """Where a shard's hash tables and critical section go: its ps task, or the CPU of its host."""
+    if device is None or is_parameter_server(strategy):
+        return device
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
+class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer):
+    """An embedding of keys of any value (int64, or strings by fingerprint): rows are made as keys come.
+
+    Args:
+      output_dim: embedding width.
+      capacity: rows per shard, row 0 included (the default row that keys not
+        admitted read); at least 2, and at least one batch's distinct keys per
+        shard plus one (checked at run time).
+      num_shards: shards; None: the number of ps tasks under parameter_server,
+        len(devices) when devices are given, else 1.
+      key_dtype: 'int64' (integer ids of any value) or 'string'.
+      min_count: training sightings before a key gets its own row (1: at once).
+      max_age_steps: free the rows of keys not seen for this many training
+        steps (checked every max(1, max_age_steps // 8) steps); None: never.
+      embeddings_initializer: RandomUniform, RandomNormal, TruncatedNormal,
+        Zeros, Ones or Constant (evicted rows are drawn anew from it).
+      devices: under parameter_server, the ps devices the shards may use.
+
+    In training (``training=True``) unknown keys are counted, admitted and
+    given rows; otherwise lookups only read, and unknown keys read row 0.
+    """
+
+    def __init__(
+        self,
+        output_dim: int,
+        capacity: int,
+        *,
+        num_shards: int | None = None,
+        key_dtype: str = "int64",
+        min_count: int = 1,
+        max_age_steps: int | None = None,
+        embeddings_initializer: Any = "uniform",
+        devices: Sequence[str] | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not _positive_int(output_dim):
+            raise ConfigError(
+                f"{self.name}: output_dim must be an integer >= 1, got {output_dim!r}."
+            )
+        if not _positive_int(capacity) or capacity < 2:
+            raise ConfigError(
+                f"{self.name}: capacity must be an integer >= 2 (row 0 is the default row), "
+                f"got {capacity!r}."
+            )
+        if not _positive_int(min_count):
+            raise ConfigError(f"{self.name}: min_count must be an integer >= 1, got {min_count!r}.")
+        if max_age_steps is not None and not _positive_int(max_age_steps):
+            raise ConfigError(
+                f"{self.name}: max_age_steps must be None or an integer >= 1, got {max_age_steps!r}."
+            )
+        if num_shards is not None and not _positive_int(num_shards):
+            raise ConfigError(
+                f"{self.name}: num_shards must be None or an integer >= 1, got {num_shards!r}."
+            )
+        if key_dtype not in KEY_DTYPES:
+            raise ConfigError(
+                f"{self.name}: key_dtype must be 'int64' or 'string', got {key_dtype!r}."
+            )
+        initializer = keras.initializers.get(embeddings_initializer)
+        if type(initializer) not in INITIALIZERS:
+            raise ConfigError(
+                f"{self.name}: embeddings_initializer must be one of "
+                f"{', '.join(c.__name__ for c in INITIALIZERS)} (evicted rows are drawn anew), "
+                f"got {type(initializer).__name__}."
+            )
+        self.output_dim = int(output_dim)
+        self.capacity = int(capacity)
+        self.num_shards = None if num_shards is None else int(num_shards)
+        self.key_dtype = key_dtype
+        self.min_count = int(min_count)
+        self.max_age_steps = None if max_age_steps is None else int(max_age_steps)
+        self.embeddings_initializer = initializer
+        self.devices = list(devices) if devices else None
+
+    # -- variables -----------------------------------------------------------------
+    def build(self, input_shape=None):
+        strategy = tf.distribute.get_strategy()
+        _refuse_replicas(self.name, strategy)
+        count = self.num_shards or (
+            len(self.devices) if self.devices else max(1, len(ps_devices(strategy)))
+        )
+        row_bytes = self.output_dim * tf.as_dtype(self.variable_dtype).size + 4 * 8 + 2 * 16
+        candidates = list(self.devices) if self.devices else ps_devices(strategy)
+        ledger = placement_ledger(strategy)
+        placement = (
+            ledger.plan([self.capacity * row_bytes] * count, candidates)
+            if candidates
+            else [None] * count
+        )
+        shards = []
+        for i, device in enumerate(placement):
+            with create_on(device, strategy):
+                pool = self.add_weight(
+                    name=f"pool_shard_{i}",
+                    shape=(self.capacity, self.output_dim),
+                    initializer=shard_initializer(self.embeddings_initializer, i),
+                    dtype=self.variable_dtype,
+                )
+                shard = DynamicTableShard(
+                    where=f"{self.name} shard {i}",
+                    pool=pool,
+                    reinitializer=_reinitializer(self.embeddings_initializer, i),
+                    min_count=self.min_count,
+                    max_age_steps=self.max_age_steps,
+                    device=_table_device(device, strategy),
+                )
+            pool._tfdist_dynamic_shard = shard  # read by ReshardableOptimizerMixin (slot resets)
+            for variable in [pool, *shard.state_variables()]:
+                ledger.record(variable)
+            shards.append(shard)
+        self.__dict__["_tfdist_dynamic_shards"] = shards
+        self.built = True
+
+    @property
+    def shards(self) -> list[DynamicTableShard]:
+        """Each shard's state (hash table, pool, counters), in shard order."""
+        return list(self.__dict__.get("_tfdist_dynamic_shards", ()))
+
+    def checkpoint_children(self, children: dict[str, Any]) -> dict[str, Any]:
+        pools = {id(s.pool) for s in self.shards} | {
+            id(tf_compat.variable_storage(s.pool)) for s in self.shards
+        }
+        children = {name: child for name, child in children.items() if id(child) not in pools}
+        children.update({f"dynamic_shard_{i}": s for i, s in enumerate(self.shards)})
+        return children
+
+    # -- lookup --------------------------------------------------------------------
+    def call(self, keys, training=None):
+        if "call" in self.__dict__:  # model_parallel's placement wraps each layer's call
+            raise ConfigError(
+                f"{self.name}: a DynamicEmbedding does not run under model_parallel (its placement "
+                f"moves layers between devices); use one_device or parameter_server."
+            )
+        keys = as_int64_keys(self.name, self.key_dtype, keys)
+        out_shape = tf.concat([tf.shape(keys), [self.output_dim]], 0)
+        if tf_compat.in_symbolic_scope() or tf_compat.in_stateless_scope():
+            return tf.zeros(out_shape, self.compute_dtype)
+        if isinstance(training, tf.Tensor):
+            raise ConfigError(f"{self.name}: training must be a Python bool, not a tensor.")
+        insert = bool(training)
+        unique, position, counts = tf.unique_with_counts(tf.reshape(keys, [-1]), out_idx=tf.int32)
+        counts = tf.cast(counts, tf.int64)
+        shards = self.shards
+        if len(shards) == 1:
+            vectors = self._vectors(shards[0], unique, counts, insert)
+        else:
+            shard = shard_of(unique, len(shards))
+            positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
+            key_parts = tf.dynamic_partition(unique, shard, len(shards))
+            count_parts = tf.dynamic_partition(counts, shard, len(shards))
+            parts = [
+                self._vectors(s, k, c, insert) for s, k, c in zip(shards, key_parts, count_parts)
+            ]
+            vectors = tf.dynamic_stitch(positions, parts)
+        out = tf.reshape(tf.gather(vectors, position), out_shape)
+        return tf.cast(out, self.compute_dtype)
+
+    @staticmethod
+    def _vectors(shard: DynamicTableShard, keys, counts, insert: bool) -> tf.Tensor:
+        rows = shard.lookup_or_insert(keys, counts) if insert else shard.lookup(keys)
+        return tf_compat.sparse_read(shard.pool, rows)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.output_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            output_dim=self.output_dim,
+            capacity=self.capacity,
+            num_shards=self.num_shards,
+            key_dtype=self.key_dtype,
+            min_count=self.min_count,
+            max_age_steps=self.max_age_steps,
+            embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
+            devices=self.devices,
+        )
+        return config
+
+
+def dynamic_tables(model: keras.layers.Layer) -> list[DynamicEmbedding]:
+    """The built `DynamicEmbedding` layers in `model` (itself included), depth-first."""
+    return [
+        layer
+        for layer in tf_compat.sublayers(model, include_self=True)
+        if isinstance(layer, DynamicEmbedding) and layer.built
+    ]
+
+
+def dynamic_table_stats(model: keras.layers.Layer) -> dict[str, float]:
+    """Counters of every dynamic table, for train records and summaries.
+
+    ``<layer>/<counter>`` sums the shards, ``<layer>/shard_<i>/<counter>`` is
+    one shard; counters: rows_in_use (now), admitted, evicted (LFU, shard
+    full) and expired (max_age_steps), the last three since the table was
+    created (checkpointed). Reads a few scalars from each shard's device.
+    """
+    stats: dict[str, float] = {}
+    for layer in dynamic_tables(model):
+        totals = dict.fromkeys(COUNTERS, 0.0)
+        for i, shard in enumerate(layer.shards):
+            for name, variable in shard.counters.items():
+                value = float(variable.numpy())
+                stats[f"{layer.name}/shard_{i}/{name}"] = value
+                totals[name] += value
+        stats.update({f"{layer.name}/{name}": value for name, value in totals.items()})
+    return stats

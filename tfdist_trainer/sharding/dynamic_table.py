@@ -1,0 +1,343 @@
+"""One shard of a dynamic table: a key -> row hash table, a row pool and its bookkeeping, on one device.
+
+Why a critical section: under parameter_server several workers run the
+training step at once, and "look up, give the missing keys rows, look up
+again" is a read-modify-write of the shard's state. Every such step of one
+shard runs inside the shard's `tf.CriticalSection`, placed with the state on
+the shard's ps task, so two workers meeting the same new key in the same step
+end with exactly one row for it. Lookups for inference read the hash table
+only (its own mutex makes a single lookup safe) and never insert.
+
+The state is plain: one `DenseHashTable` (key -> row), one for admission
+candidates (key -> times seen) when ``min_count > 1``, and int64 variables of
+``capacity`` entries (the row's key, its frequency, the step it was last
+seen, a stack of free rows) plus scalar counters. Row `DEFAULT_ROW` is shared:
+keys not (yet) admitted read it and their gradients go to it.
+
+Costs: a training step does O(its keys) work on the shard; an eviction
+(shard full) selects its rows in O(capacity) and is amortised by freeing a
+chunk (`EVICTION_CHUNK` of the capacity) at once; the age sweep is
+O(capacity) every ``max(1, max_age_steps // AGE_SWEEP_EVERY)`` steps.
+
+"Steps" are this table's training calls, counted per shard (one per
+training step when the model calls the layer once per step; under
+parameter_server, every worker's step counts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist_trainer import tf_compat
+from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY, EMPTY_KEY, reserved
+
+DEFAULT_ROW = 0
+#: An eviction frees at least capacity // EVICTION_CHUNK rows (least frequently used first).
+EVICTION_CHUNK = 16
+#: The age sweep runs every max(1, max_age_steps // AGE_SWEEP_EVERY) steps.
+AGE_SWEEP_EVERY = 8
+#: Admission candidates a shard keeps: max(capacity, MIN_CANDIDATES); past that the least seen go.
+MIN_CANDIDATES = 1024
+#: Counters a shard reports (`DynamicTableShard.counters`).
+COUNTERS = ("rows_in_use", "admitted", "evicted", "expired")
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _buckets(capacity: int) -> int:
+    """Hash-table buckets for `capacity` keys at a load of at most one half (no rehash while it fills)."""
+    return max(16, 1 << (2 * capacity - 1).bit_length())
+
+
+class DynamicTableShard(tf.Module):
+    """One shard's state and the operations that change it, all on the shard's device.
+
+    Create it inside the strategy's scope and under the variable placement of
+    the shard's device (its variables follow the variable creator); the hash
+    tables and the critical section are created under ``tf.device(device)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        where: str,
+        pool: Any,
+        reinitializer: Any,
+        min_count: int,
+        max_age_steps: int | None,
+        device: str | None,
+    ):
+        super().__init__(name=None)
+        capacity, dim = (int(d) for d in pool.shape)
+        self.where = where  # "layer shard i", for messages
+        self.capacity, self.dim = capacity, dim
+        self.min_count, self.max_age_steps = min_count, max_age_steps
+        self.candidate_limit = max(capacity, MIN_CANDIDATES)
+        self.device = device
+        self.pool = pool
+        self.__dict__["_reinitializer"] = reinitializer
+        seed = getattr(reinitializer, "seed", None)
+        if isinstance(seed, keras.random.SeedGenerator):  # saved: a resumed run draws the same rows
+            self.reinit_seed = seed.state
+        self.__dict__["_slots"] = []  # (optimizer slot, its initial row): not ours to save
+        self.__dict__["_traced"] = False
+
+        def int64(value, name):
+            return tf.Variable(value, dtype=tf.int64, trainable=False, name=name)
+
+        with tf.init_scope():
+            self.row_key = int64(tf.fill([capacity], tf.constant(EMPTY_KEY, tf.int64)), "row_key")
+            self.frequency = int64(tf.zeros([capacity], tf.int64), "frequency")
+            self.last_seen = int64(tf.zeros([capacity], tf.int64), "last_seen")
+            # Free rows are free_rows[0:free], free = capacity - 1 - rows_in_use; row 0 is never free.
+            self.free_rows = int64(np.arange(capacity - 1, -1, -1, dtype=np.int64), "free_rows")
+            self.clock = int64(0, "clock")
+            self.rows_in_use = int64(0, "rows_in_use")
+            self.admitted = int64(0, "admitted")
+            self.evicted = int64(0, "evicted")
+            self.expired = int64(0, "expired")
+            with self._on_device():
+                self.table = tf.lookup.experimental.DenseHashTable(
+                    tf.int64,
+                    tf.int64,
+                    default_value=-1,
+                    empty_key=EMPTY_KEY,
+                    deleted_key=DELETED_KEY,
+                    initial_num_buckets=_buckets(capacity),
+                    name="rows",
+                    experimental_is_anonymous=True,
+                )
+                self.candidates = None
+                if min_count > 1:
+                    self.candidates = tf.lookup.experimental.DenseHashTable(
+                        tf.int64,
+                        tf.int64,
+                        default_value=0,
+                        empty_key=EMPTY_KEY,
+                        deleted_key=DELETED_KEY,
+                        initial_num_buckets=_buckets(self.candidate_limit),
+                        name="candidates",
+                        experimental_is_anonymous=True,
+                    )
+                # A name of its own: CriticalSections created eagerly under one name share one mutex,
+                # and a step locking two of them then waits for itself.
+                self.__dict__["_critical_section"] = tf.CriticalSection(
+                    name="dynamic_table", shared_name=f"tfdist_dynamic_table_{uuid.uuid4().hex}"
+                )
+
+    def _on_device(self):
+        return tf.device(self.device) if self.device else contextlib.nullcontext()
+
+    # -- state that is not ours -------------------------------------------------
+    def state_variables(self) -> list:
+        """The bookkeeping variables (not the pool): what the placement ledger counts besides it."""
+        return [self.row_key, self.frequency, self.last_seen, self.free_rows]
+
+    @property
+    def counters(self) -> dict[str, tf.Variable]:
+        return {name: getattr(self, name) for name in COUNTERS}
+
+    def register_slot(self, slot: Any, initializer: Any) -> None:
+        """An optimizer slot of the pool: its rows are reset to `initializer`'s value with the pool's rows.
+
+        Called by `ReshardableOptimizerMixin.add_variable_from_reference`. The
+        reset is part of the traced training step, so the optimizer must be
+        built before that step is first traced (Keras' fit and the Trainer do).
+        """
+        if self._traced:
+            raise RuntimeError(
+                f"{self.where}: the optimizer was built after the training step was traced, so "
+                f"evicted rows would keep its slot values; build the optimizer first "
+                f"(optimizer.build(model.trainable_variables))."
+            )
+        with tf.init_scope():
+            row = keras.initializers.get(initializer)(shape=(1, self.dim), dtype=slot.dtype)
+            self._slots.append((slot, np.asarray(row)))
+
+    # -- inference -----------------------------------------------------------------
+    def lookup(self, keys: tf.Tensor) -> tf.Tensor:
+        """Rows of int64 `keys` (1-D); unknown and reserved keys read `DEFAULT_ROW`. Inserts nothing."""
+        with self._on_device():
+            bad = reserved(keys)
+            rows = tf.reshape(
+                self.table.lookup(tf.where(bad, tf.zeros_like(keys), keys)), tf.shape(keys)
+            )
+            return tf.where(bad | (rows < 0), tf.constant(DEFAULT_ROW, tf.int64), rows)
+
+    # -- training ------------------------------------------------------------------
+    def lookup_or_insert(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+        """Rows of distinct int64 `keys` (1-D), seen `counts` times in this batch; admits, evicts, ages.
+
+        Runs inside the shard's critical section on the shard's device.
+        """
+        if not tf.executing_eagerly():
+            self.__dict__["_traced"] = True
+        with self._on_device():
+            return self._critical_section.execute(lambda: self._step(keys, counts))
+
+    def _step(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+        effects: list = []
+        clock = tf.convert_to_tensor(self.clock.assign_add(1))
+        bad = reserved(keys)
+        rows = tf.reshape(
+            self.table.lookup(tf.where(bad, tf.zeros_like(keys), keys)), tf.shape(keys)
+        )
+        found = (rows >= 0) & ~bad
+        found_rows = tf.boolean_mask(rows, found)
+        seen = tf.fill(tf.shape(found_rows), clock)
+        effects += [
+            self.frequency.scatter_add(
+                tf.IndexedSlices(tf.boolean_mask(counts, found), found_rows)
+            ),
+            self.last_seen.scatter_update(tf.IndexedSlices(seen, found_rows)),
+        ]
+        missing = ~found & ~bad
+        missing_at = tf.where(missing)[:, 0]
+        new_keys, new_counts = tf.boolean_mask(keys, missing), tf.boolean_mask(counts, missing)
+        admit, admission = self._admission(new_keys, new_counts)
+        effects += admission
+        admitted_keys = tf.boolean_mask(new_keys, admit)
+        n_new = tf.size(admitted_keys, out_type=tf.int64)
+        needed = tf.size(found_rows, out_type=tf.int64) + n_new
+        check = tf.debugging.assert_less_equal(
+            needed,
+            tf.constant(self.capacity - 1, tf.int64),
+            message=(
+                f"{self.where}: capacity={self.capacity} rows (one is the default row) cannot hold "
+                f"the distinct keys of one batch that need a row in this shard (the first value); "
+                f"raise capacity or num_shards"
+            ),
+            summarize=1,
+        )
+        effects.append(check)
+        with tf.control_dependencies(_ops([check])):
+            n_new = tf.identity(n_new)
+        effects.append(self._make_room(n_new, clock))
+        new_rows = self._take(n_new)
+        admitted_counts = tf.boolean_mask(new_counts, admit)
+        effects += [
+            self.table.insert(admitted_keys, new_rows),
+            self.row_key.scatter_update(tf.IndexedSlices(admitted_keys, new_rows)),
+            self.frequency.scatter_update(tf.IndexedSlices(admitted_counts, new_rows)),
+            self.last_seen.scatter_update(
+                tf.IndexedSlices(tf.fill(tf.shape(new_rows), clock), new_rows)
+            ),
+            self.admitted.assign_add(n_new),
+        ]
+        effects.append(self._expire(clock))
+        out = tf.where(found, rows, tf.constant(DEFAULT_ROW, tf.int64))
+        out = tf.tensor_scatter_nd_update(
+            out, tf.boolean_mask(missing_at, admit)[:, None], new_rows
+        )
+        with tf.control_dependencies(_ops(effects)):
+            return tf.identity(out)
+
+    def _admission(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, list]:
+        """Which new keys get a row now (seen `min_count` times in all), and the candidates' updates."""
+        if self.candidates is None:
+            return tf.ones_like(keys, tf.bool), []
+        total = tf.reshape(self.candidates.lookup(keys), tf.shape(keys)) + counts
+        admit = total >= self.min_count
+        effects = [
+            self.candidates.insert(tf.boolean_mask(keys, ~admit), tf.boolean_mask(total, ~admit)),
+            self.candidates.erase(tf.boolean_mask(keys, admit)),
+        ]
+        with tf.control_dependencies(_ops(effects)):
+            effects.append(
+                tf.cond(
+                    self.candidates.size() > self.candidate_limit,
+                    self._forget_candidates,
+                    lambda: tf.constant(0, tf.int64),
+                )
+            )
+        return admit, effects
+
+    def _forget_candidates(self) -> tf.Tensor:
+        """Forgets the candidates seen least often (O(candidates)): the table stays within its limit."""
+        keys, counts = (tf.reshape(t, [-1]) for t in self.candidates.export())
+        valid = keys > DELETED_KEY
+        least = tf.reduce_min(tf.boolean_mask(counts, valid))
+        forget = tf.boolean_mask(keys, valid & (counts <= least))
+        with tf.control_dependencies(_ops([self.candidates.erase(forget)])):
+            return tf.size(forget, out_type=tf.int64)
+
+    def _take(self, n: tf.Tensor) -> tf.Tensor:
+        """Pops `n` rows off the free stack (rows 1, 2, ... of a fresh shard first)."""
+        free = self.capacity - 1 - self.rows_in_use.read_value()
+        rows = tf.gather(self.free_rows, free - 1 - tf.range(n))
+        with tf.control_dependencies([rows]):
+            taken = self.rows_in_use.assign_add(n)
+        with tf.control_dependencies(_ops([taken])):
+            return tf.identity(rows)
+
+    def _make_room(self, n_new: tf.Tensor, clock: tf.Tensor) -> tf.Tensor:
+        """LFU eviction when `n_new` rows do not fit: frees at least a chunk of the least used rows."""
+        chunk = max(1, self.capacity // EVICTION_CHUNK)
+        shortfall = n_new - (self.capacity - 1 - self.rows_in_use.read_value())
+
+        def evict():
+            eligible = (self.row_key.read_value() != EMPTY_KEY) & (self.last_seen < clock)
+            # Least frequent first; equally frequent: least recently seen first.
+            score = tf.minimum(self.frequency, 2**31 - 1) * (2**32) + tf.minimum(
+                self.last_seen, 2**32 - 1
+            )
+            score = tf.where(eligible, score, tf.constant(_INT64_MAX, tf.int64))
+            k = tf.minimum(
+                tf.maximum(tf.constant(chunk, tf.int64), shortfall),
+                tf.math.count_nonzero(eligible, dtype=tf.int64),
+            )
+            _, rows = tf.math.top_k(-score, k=tf.cast(k, tf.int32))
+            return self._free(tf.cast(rows, tf.int64), self.evicted)
+
+        return tf.cond(shortfall > 0, evict, lambda: tf.constant(0, tf.int64))
+
+    def _expire(self, clock: tf.Tensor) -> tf.Tensor:
+        """Frees the rows not seen for `max_age_steps` steps, every few steps (an O(capacity) sweep)."""
+        if self.max_age_steps is None:
+            return tf.constant(0, tf.int64)
+        every = max(1, self.max_age_steps // AGE_SWEEP_EVERY)
+
+        def sweep():
+            stale = (self.row_key.read_value() != EMPTY_KEY) & (
+                self.last_seen < clock - self.max_age_steps
+            )
+            return self._free(tf.where(stale)[:, 0], self.expired)
+
+        return tf.cond(tf.equal(clock % every, 0), sweep, lambda: tf.constant(0, tf.int64))
+
+    def _free(self, rows: tf.Tensor, counter: tf.Variable) -> tf.Tensor:
+        """Removes the keys of `rows`, re-initialises the rows (pool, slots, counts), pushes them free."""
+        k = tf.size(rows, out_type=tf.int64)
+        keys = tf.gather(self.row_key, rows)
+        zeros = tf.zeros_like(rows)
+        pool = tf_compat.variable_storage(self.pool)
+        fresh = self._reinitializer(shape=(k, self.dim), dtype=pool.dtype)
+        effects = [
+            self.table.erase(keys),
+            self.row_key.scatter_update(tf.IndexedSlices(tf.fill([k], EMPTY_KEY), rows)),
+            self.frequency.scatter_update(tf.IndexedSlices(zeros, rows)),
+            self.last_seen.scatter_update(tf.IndexedSlices(zeros, rows)),
+            pool.scatter_update(tf.IndexedSlices(tf.cast(fresh, pool.dtype), rows)),
+        ]
+        for slot, row in self._slots:
+            stored = tf_compat.variable_storage(slot)
+            effects.append(stored.scatter_update(tf.IndexedSlices(tf.tile(row, [k, 1]), rows)))
+        free = self.capacity - 1 - self.rows_in_use.read_value()
+        effects.append(self.free_rows.scatter_update(tf.IndexedSlices(rows, free + tf.range(k))))
+        with tf.control_dependencies(_ops(effects)):
+            effects = [self.rows_in_use.assign_sub(k), counter.assign_add(k)]
+        with tf.control_dependencies(_ops(effects)):
+            return tf.identity(k)
+
+
+def _ops(effects: list) -> list:
+    """What `tf.control_dependencies` takes for each effect (an update's op in a graph; nothing eagerly)."""
+    if tf.executing_eagerly():
+        return []
+    return [e.op if hasattr(e, "op") else e for e in effects if e is not None]
