@@ -81,25 +81,37 @@ def test_an_evaluator_that_dies_for_good_does_not_end_training(tmp_path):
 @pytest.mark.timeout(400)
 def test_a_restart_long_after_the_evaluator_started_keeps_the_job_going(tmp_path):
     """A worker restarted more than --startup_timeout_s after the evaluator started: only the
-    restarted tasks owe a start-up (the evaluator listens only while it waits for its peers)."""
-    startup_s, steps = 20, 12000  # on a quiet machine MNIST runs ~300 steps/s: still going at 22 s
+    restarted tasks owe a start-up (the evaluator listens only while it waits for its peers).
+
+    The job is long (it must still run past the evaluator's deadline on a slow host); once the
+    restarted worker trains with the others again it is stopped with SIGTERM, as a user would."""
+    startup_s, steps = 20, 100_000
     launched = time.monotonic()  # the evaluator starts after this
     run, model_dir = job(
         tmp_path, [f"--startup_timeout_s={startup_s}", "--restart_policy=OnFailure"], steps=steps
     )
-
-    def past_the_evaluators_deadline():
+    try:
         run.wait_until("step 100", train_step_reached(model_dir, 100), timeout=240)
         time.sleep(max(0.0, launched + startup_s + 2 - time.monotonic()))
-        reached = train_records(model_dir)[-1]["step"]
-        assert reached < steps - 500, f"the job is nearly over (step {reached}): make it longer"
-
-    out = kill_and_finish(run, "worker:1", past_the_evaluators_deadline)
-    assert "did not come up within" not in out, out[-4000:]
-    assert re.search(r"^\[launch\] worker:1 exited with code 137.*; restarting", out, re.M), out[
-        -4000:
-    ]
-    assert train_records(model_dir)[-1]["step"] == steps
+        os.kill(run.task_pid("worker:1"), signal.SIGKILL)
+        run.wait_until(
+            "worker:1 restarted",
+            lambda: re.search(
+                r"^\[launch\] worker:1 exited with code 137.*; restarting", run.output(), re.M
+            ),
+            timeout=60,
+        )
+        # Synchronous workers: a step after the restart means worker:1 is back in the ring.
+        after = train_records(model_dir)[-1]["step"]
+        run.wait_until("training goes on", train_step_reached(model_dir, after + 300), timeout=240)
+        out = run.output()
+        assert "did not come up within" not in out, out[-4000:]
+        after_restart = out.split("; restarting", 1)[1]
+        assert not re.search(r"^\[launch\] .*(failed|exited with code)", after_restart, re.M), out[
+            -4000:
+        ]
+    finally:
+        run.stop()
     assert no_process_left(model_dir) == []
 
 

@@ -62,6 +62,11 @@ class ClickTrainer(Trainer):
       report_dir: where placement.json / step_graph.json go; None: the run's model_dir
         (`self.context`; none outside a run).
       step_report: also write step_graph.json when the training step is traced.
+      dynamic_capacity: rows per shard of dynamic tables (`sharding.DynamicEmbedding`): each id
+        gets its own row (no vocabulary: ids are keys, not row numbers); None: fixed
+        `ShardedEmbedding` tables of `vocab_sizes` rows.
+      min_count: with dynamic tables, sightings before an id gets its own row.
+      max_age_steps: with dynamic tables, rows not seen for that many steps are freed.
       global_batch_size, eval_batch_size: Trainer's; None: its gin bindings
         (`Trainer.global_batch_size`) or defaults.
     """
@@ -84,6 +89,9 @@ class ClickTrainer(Trainer):
         eval_batches: int = 20,
         report_dir: str | None = None,
         step_report: bool = False,
+        dynamic_capacity: int | None = None,
+        min_count: int = 1,
+        max_age_steps: int | None = None,
         global_batch_size: int | None = None,
         eval_batch_size: int | None = None,
     ):
@@ -118,6 +126,9 @@ class ClickTrainer(Trainer):
         self.eval_batches = eval_batches
         self.report_dir = report_dir
         self.step_report = step_report
+        self.dynamic_capacity = dynamic_capacity
+        self.min_count = min_count
+        self.max_age_steps = max_age_steps
         self.synthetic = click_data.SyntheticClicks(
             self.vocab_sizes, num_dense=num_dense, seed=synthetic_seed
         )
@@ -157,14 +168,7 @@ class ClickTrainer(Trainer):
             for f, (vocab, dim, shards) in enumerate(
                 zip(self.vocab_sizes, self.embedding_dims, self.num_shards)
             ):
-                rows = sharding.ShardedEmbedding(
-                    vocab,
-                    1 + dim,
-                    num_shards=shards,
-                    partition_strategy=self.partition_strategy,
-                    embeddings_initializer=keras.initializers.RandomUniform(-0.01, 0.01),
-                    name=f"table_{f}",
-                )(categorical_in[:, f])
+                rows = self._table(f, vocab, dim, shards)(categorical_in[:, f])
                 wide_terms.append(rows[:, :1])  # the feature's wide (linear) weight
                 deep_terms.append(rows[:, 1:])  # its deep embedding
             x = keras.layers.Concatenate(name="deep_concat")(deep_terms)
@@ -177,6 +181,28 @@ class ClickTrainer(Trainer):
             )
         self._report_placement(model)
         return model
+
+    def _table(self, f: int, vocab: int, dim: int, shards: int | None) -> keras.layers.Layer:
+        """Feature f's table: fixed rows (ids < vocab), or dynamic (any int64 id is a key)."""
+        initializer = keras.initializers.RandomUniform(-0.01, 0.01)
+        if self.dynamic_capacity is not None:
+            return sharding.DynamicEmbedding(
+                1 + dim,
+                self.dynamic_capacity,
+                num_shards=shards,
+                min_count=self.min_count,
+                max_age_steps=self.max_age_steps,
+                embeddings_initializer=initializer,
+                name=f"table_{f}",
+            )
+        return sharding.ShardedEmbedding(
+            vocab,
+            1 + dim,
+            num_shards=shards,
+            partition_strategy=self.partition_strategy,
+            embeddings_initializer=initializer,
+            name=f"table_{f}",
+        )
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
         if self.optimizer_name == "sgd":

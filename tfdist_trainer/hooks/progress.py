@@ -19,6 +19,23 @@ def format_peak_memory(record: dict[str, float]) -> str:
     )
 
 
+def format_table_totals(counters: dict[str, float]) -> str:
+    """' dynamic_rows=5149 admitted=5160 evicted=11 expired=0': all dynamic tables, one group.
+
+    The counters come per table (`<table>/<counter>`) and per shard; a progress
+    line with 26 tables' counters would drown the loss, so it sums the tables.
+    """
+    totals: dict[str, float] = {}
+    for key, value in counters.items():
+        table, _, counter = key.rpartition("/")
+        if "/" not in table:  # <table>/<counter>, not <table>/shard_<i>/<counter>
+            totals[counter] = totals.get(counter, 0.0) + value
+    if not totals:
+        return ""
+    names = {"rows_in_use": "dynamic_rows"}
+    return "".join(f" {names.get(k, k)}={v:.0f}" for k, v in totals.items())
+
+
 @gin.configurable
 class ProgressLogger(Hook):
     """Logs step, loss, train metrics, steps/s, examples/s and ETA; records them in metrics.jsonl."""
@@ -62,8 +79,10 @@ class ProgressLogger(Hook):
         examples_per_s = steps_per_s * run.trainer.global_batch_size * k
         learning_rate = run.learning_rate()
         lr = {} if learning_rate is None else {"learning_rate": learning_rate}
+        tables = run.table_counters()  # dynamic tables: per table and shard in the record
+        table_line = format_table_totals(tables)
         run.log_info(
-            "step %d/%d%s %s%s steps/s=%.1f examples/s=%.0f ETA=%.0fs %s%s",
+            "step %d/%d%s %s%s steps/s=%.1f examples/s=%.0f ETA=%.0fs %s%s%s",
             run.step,
             run.target_step,
             f" (x{k} batches)" if k > 1 else "",
@@ -73,6 +92,7 @@ class ProgressLogger(Hook):
             examples_per_s,
             eta,
             format_peak_memory(peaks),
+            table_line,
             format_tags(run.tags),
         )
         run.record.write(
@@ -81,6 +101,7 @@ class ProgressLogger(Hook):
             steps_per_s=steps_per_s,
             examples_per_s=examples_per_s,
             **values,
+            **tables,
             **lr,
             **peaks,
             **run.tags,
@@ -89,5 +110,11 @@ class ProgressLogger(Hook):
         run.summaries.scalars(
             "train",
             run.step,
-            {**values, **lr, "steps_per_s": steps_per_s, "examples_per_s": examples_per_s},
+            {
+                **values,
+                **tables,
+                **lr,
+                "steps_per_s": steps_per_s,
+                "examples_per_s": examples_per_s,
+            },
         )

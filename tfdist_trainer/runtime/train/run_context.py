@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from tfdist_trainer import sharding
 from tfdist_trainer.io import storage
 from tfdist_trainer.io.records import EVALUATOR_JOURNAL, MetricsRecord, read_records
 from tfdist_trainer.plan.cluster import EVALUATOR, ClusterConfig
@@ -95,6 +96,16 @@ class RunContext:
         for metric in metrics:
             metric.reset_state()
         return values
+
+    def table_counters(self) -> dict[str, float]:
+        """The dynamic tables' counters (rows in use, admitted, evicted, expired); {} without any.
+
+        Read from the tables' devices when a train record is written: they are
+        state, not metrics of the interval, so nothing is reset.
+        """
+        if self.trainer.model is None:
+            return {}
+        return sharding.dynamic_table_stats(self.trainer.model)
 
     def learning_rate(self) -> float | None:
         try:
