@@ -85,7 +85,7 @@ def test_a_restart_long_after_the_evaluator_started_keeps_the_job_going(tmp_path
 
     The job is long (it must still run past the evaluator's deadline on a slow host); once the
     restarted worker trains with the others again it is stopped with SIGTERM, as a user would."""
-    startup_s, steps = 20, 100_000
+    startup_s, steps = 40, 100_000  # 40 s: five TF processes start on 2 loaded cores
     launched = time.monotonic()  # the evaluator starts after this
     run, model_dir = job(
         tmp_path, [f"--startup_timeout_s={startup_s}", "--restart_policy=OnFailure"], steps=steps
