@@ -109,19 +109,23 @@ class ReplacesCheckpointChildren:
     Overrides `Trackable._trackable_children(save_type)`, the hook through
     which `tf.train.Checkpoint` asks an object for its children: the
     object's tracked attributes by name, passed to `checkpoint_children`,
-    which returns the {name: Trackable} to save instead. Only checkpoints:
-    a SavedModel export keeps the default children. TF has no public way
-    for an object to change its checkpoint children (`tf.Module` and Keras
+    which returns the {name: Trackable} to save instead. A SavedModel export
+    asks `saved_model_children` (default: the tracked attributes), e.g. for a
+    resource the serving function uses that Keras does not track. TF has no
+    public way for an object to change its children (`tf.Module` and Keras
     track every attribute).
     """
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
-        if save_type != "checkpoint":
-            return children
-        return self.checkpoint_children(children)
+        if save_type == "checkpoint":
+            return self.checkpoint_children(children)
+        return self.saved_model_children(children)
 
     def checkpoint_children(self, children: dict[str, Any]) -> dict[str, Any]:
+        return children
+
+    def saved_model_children(self, children: dict[str, Any]) -> dict[str, Any]:
         return children
 
 

@@ -8,7 +8,10 @@ shard is full its least frequently used rows are evicted (LFU), and with
 `max_age_steps` rows not seen for that long are freed. Keys map to shards by a
 stable hash of the key (dynamic_keys.py); each shard's state and its
 operations live on one device (dynamic_table.py): a ps task under
-parameter_server, placed bytes-balanced with the other variables.
+parameter_server, placed bytes-balanced with the other variables. Keys
+without a row read one default row of the layer's (not a shard's), so a
+checkpoint, which holds keys and not shards (dynamic_checkpoint.py),
+restores onto any number of shards with the same lookups for every key.
 
 Only the rows a batch uses cross the network: the lookup happens on the ps,
 the layer gathers those rows of the pool, and the pool's gradient is
@@ -32,6 +35,7 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
 from tfdist_trainer.sharding.dynamic_keys import KEY_DTYPES, as_int64_keys, shard_of
 from tfdist_trainer.sharding.dynamic_table import COUNTERS, DynamicTableShard
 from tfdist_trainer.sharding.shard_placement import (
@@ -92,9 +96,10 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
 
     Args:
       output_dim: embedding width.
-      capacity: rows per shard, row 0 included (the default row that keys not
-        admitted read); at least 2, and at least one batch's distinct keys per
-        shard plus one (checked at run time).
+      capacity: rows of the whole table, split evenly over the shards (each
+        shard at least one batch's distinct keys of that shard, checked at run
+        time). Keys without a row (unseen, not yet admitted) read the layer's
+        one default row, which their gradients train.
       num_shards: shards; None: the number of ps tasks under parameter_server,
         len(devices) when devices are given, else 1.
       key_dtype: 'int64' (integer ids of any value) or 'string'.
@@ -127,9 +132,9 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
             raise ConfigError(
                 f"{self.name}: output_dim must be an integer >= 1, got {output_dim!r}."
             )
-        if not _positive_int(capacity) or capacity < 2:
+        if not _positive_int(capacity):
             raise ConfigError(
-                f"{self.name}: capacity must be an integer >= 2 (row 0 is the default row), "
+                f"{self.name}: capacity (rows of the table) must be an integer >= 1, "
                 f"got {capacity!r}."
             )
         if not _positive_int(min_count):
@@ -169,21 +174,29 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         count = self.num_shards or (
             len(self.devices) if self.devices else max(1, len(ps_devices(strategy)))
         )
+        rows = -(-self.capacity // count)
         row_bytes = self.output_dim * tf.as_dtype(self.variable_dtype).size + 4 * 8 + 2 * 16
         candidates = list(self.devices) if self.devices else ps_devices(strategy)
         ledger = placement_ledger(strategy)
         placement = (
-            ledger.plan([self.capacity * row_bytes] * count, candidates)
-            if candidates
-            else [None] * count
+            ledger.plan([rows * row_bytes] * count, candidates) if candidates else [None] * count
         )
+        with create_on(placement[0], strategy):
+            self.default_row = self.add_weight(
+                name="default_row",
+                shape=(1, self.output_dim),
+                initializer=shard_initializer(self.embeddings_initializer, count),
+                dtype=self.variable_dtype,
+            )
+        ledger.record(self.default_row)
         shards = []
         for i, device in enumerate(placement):
             with create_on(device, strategy):
+                # Zeros: a row is drawn from the initializer when a key takes it (dynamic_table.py).
                 pool = self.add_weight(
                     name=f"pool_shard_{i}",
-                    shape=(self.capacity, self.output_dim),
-                    initializer=shard_initializer(self.embeddings_initializer, i),
+                    shape=(rows, self.output_dim),
+                    initializer="zeros",
                     dtype=self.variable_dtype,
                 )
                 shard = DynamicTableShard(
@@ -199,6 +212,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                 ledger.record(variable)
             shards.append(shard)
         self.__dict__["_tfdist_dynamic_shards"] = shards
+        self.__dict__["_tfdist_checkpoint"] = DynamicTableCheckpoint(lambda: self.shards)
         self.built = True
 
     @property
@@ -207,11 +221,19 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         return list(self.__dict__.get("_tfdist_dynamic_shards", ()))
 
     def checkpoint_children(self, children: dict[str, Any]) -> dict[str, Any]:
+        """The pools leave; the table's keys, rows and bookkeeping come as one child of any shard count."""
         pools = {id(s.pool) for s in self.shards} | {
             id(tf_compat.variable_storage(s.pool)) for s in self.shards
         }
         children = {name: child for name, child in children.items() if id(child) not in pools}
-        children.update({f"dynamic_shard_{i}": s for i, s in enumerate(self.shards)})
+        if self.built:
+            children["dynamic_table"] = self.__dict__["_tfdist_checkpoint"]
+        return children
+
+    def saved_model_children(self, children: dict[str, Any]) -> dict[str, Any]:
+        """A SavedModel serves lookups: it needs each shard's key -> row table beside the pools."""
+        children = dict(children)
+        children.update({f"rows_shard_{i}": s.table for i, s in enumerate(self.shards)})
         return children
 
     # -- lookup --------------------------------------------------------------------
@@ -245,10 +267,16 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         out = tf.reshape(tf.gather(vectors, position), out_shape)
         return tf.cast(out, self.compute_dtype)
 
-    @staticmethod
-    def _vectors(shard: DynamicTableShard, keys, counts, insert: bool) -> tf.Tensor:
+    def _vectors(self, shard: DynamicTableShard, keys, counts, insert: bool) -> tf.Tensor:
+        """The vector of each key: its row of the shard's pool, or the default row (which then
+        gets the key's gradient; the pool's gradient holds only rows of keys that have one)."""
         rows = shard.lookup_or_insert(keys, counts) if insert else shard.lookup(keys)
-        return tf_compat.sparse_read(shard.pool, rows)
+        has_row = rows >= 0
+        at_rows = tf.cast(tf.where(has_row)[:, 0], tf.int32)
+        at_default = tf.cast(tf.where(~has_row)[:, 0], tf.int32)
+        default = tf.tile(self.default_row, [tf.size(at_default), 1])
+        pooled = tf_compat.sparse_read(shard.pool, tf.boolean_mask(rows, has_row))
+        return tf.dynamic_stitch([at_rows, at_default], [pooled, default])
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.output_dim,)

@@ -11,8 +11,13 @@ only (its own mutex makes a single lookup safe) and never insert.
 The state is plain: one `DenseHashTable` (key -> row), one for admission
 candidates (key -> times seen) when ``min_count > 1``, and int64 variables of
 ``capacity`` entries (the row's key, its frequency, the step it was last
-seen, a stack of free rows) plus scalar counters. Row `DEFAULT_ROW` is shared:
-keys not (yet) admitted read it and their gradients go to it.
+seen, a stack of free rows) plus scalar counters. Every row belongs to a
+key; keys without a row read `MISSING` (the layer's default row).
+
+Why a row is drawn when it is taken, not when it is freed: the contents of
+a free row then never matter, so a checkpoint holds only the rows in use
+(and a restore onto other shards needs nothing else), and a fresh pool need
+not be drawn at all.
 
 Costs: a training step does O(its keys) work on the shard; an eviction
 (shard full) selects its rows in O(capacity) and is amortised by freeing a
@@ -37,7 +42,8 @@ import tensorflow as tf
 from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY, EMPTY_KEY, reserved
 
-DEFAULT_ROW = 0
+#: The row of a key that has none: the layer reads its default row instead.
+MISSING = -1
 #: An eviction frees at least capacity // EVICTION_CHUNK rows (least frequently used first).
 EVICTION_CHUNK = 16
 #: The age sweep runs every max(1, max_age_steps // AGE_SWEEP_EVERY) steps.
@@ -50,9 +56,14 @@ COUNTERS = ("rows_in_use", "admitted", "evicted", "expired")
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def _buckets(capacity: int) -> int:
+def buckets(capacity: int) -> int:
     """Hash-table buckets for `capacity` keys at a load of at most one half (no rehash while it fills)."""
     return max(16, 1 << (2 * capacity - 1).bit_length())
+
+
+def lfu_score(frequency: tf.Tensor, last_seen: tf.Tensor) -> tf.Tensor:
+    """Higher for rows to keep: more frequent first, then more recently seen (one int64)."""
+    return tf.minimum(frequency, 2**31 - 1) * (2**32) + tf.minimum(last_seen, 2**32 - 1)
 
 
 class DynamicTableShard(tf.Module):
@@ -83,9 +94,11 @@ class DynamicTableShard(tf.Module):
         self.pool = pool
         self.__dict__["_reinitializer"] = reinitializer
         seed = getattr(reinitializer, "seed", None)
-        if isinstance(seed, keras.random.SeedGenerator):  # saved: a resumed run draws the same rows
-            self.reinit_seed = seed.state
-        self.__dict__["_slots"] = []  # (optimizer slot, its initial row): not ours to save
+        # Saved with the table: a resumed run draws the same rows.
+        self.__dict__["_seed_state"] = (
+            seed.state if isinstance(seed, keras.random.SeedGenerator) else None
+        )
+        self.__dict__["_slots"] = []  # (name, optimizer slot, its initial row): not ours to save
         self.__dict__["_traced"] = False
 
         def int64(value, name):
@@ -95,21 +108,21 @@ class DynamicTableShard(tf.Module):
             self.row_key = int64(tf.fill([capacity], tf.constant(EMPTY_KEY, tf.int64)), "row_key")
             self.frequency = int64(tf.zeros([capacity], tf.int64), "frequency")
             self.last_seen = int64(tf.zeros([capacity], tf.int64), "last_seen")
-            # Free rows are free_rows[0:free], free = capacity - 1 - rows_in_use; row 0 is never free.
+            # Free rows are free_rows[0:free], free = capacity - rows_in_use, popped from the end.
             self.free_rows = int64(np.arange(capacity - 1, -1, -1, dtype=np.int64), "free_rows")
             self.clock = int64(0, "clock")
             self.rows_in_use = int64(0, "rows_in_use")
             self.admitted = int64(0, "admitted")
             self.evicted = int64(0, "evicted")
             self.expired = int64(0, "expired")
-            with self._on_device():
+            with self.on_device():
                 self.table = tf.lookup.experimental.DenseHashTable(
                     tf.int64,
                     tf.int64,
-                    default_value=-1,
+                    default_value=MISSING,
                     empty_key=EMPTY_KEY,
                     deleted_key=DELETED_KEY,
-                    initial_num_buckets=_buckets(capacity),
+                    initial_num_buckets=buckets(capacity),
                     name="rows",
                     experimental_is_anonymous=True,
                 )
@@ -121,7 +134,7 @@ class DynamicTableShard(tf.Module):
                         default_value=0,
                         empty_key=EMPTY_KEY,
                         deleted_key=DELETED_KEY,
-                        initial_num_buckets=_buckets(self.candidate_limit),
+                        initial_num_buckets=buckets(self.candidate_limit),
                         name="candidates",
                         experimental_is_anonymous=True,
                     )
@@ -131,7 +144,8 @@ class DynamicTableShard(tf.Module):
                     name="dynamic_table", shared_name=f"tfdist_dynamic_table_{uuid.uuid4().hex}"
                 )
 
-    def _on_device(self):
+    def on_device(self):
+        """A context placing ops on the shard's device (nothing under no device)."""
         return tf.device(self.device) if self.device else contextlib.nullcontext()
 
     # -- state that is not ours -------------------------------------------------
@@ -143,8 +157,18 @@ class DynamicTableShard(tf.Module):
     def counters(self) -> dict[str, tf.Variable]:
         return {name: getattr(self, name) for name in COUNTERS}
 
-    def register_slot(self, slot: Any, initializer: Any) -> None:
-        """An optimizer slot of the pool: its rows are reset to `initializer`'s value with the pool's rows.
+    @property
+    def seed_state(self) -> Any:
+        """The re-initialiser's seed state (a variable), or None for an unseeded initializer."""
+        return self._seed_state
+
+    @property
+    def slots(self) -> list[tuple[str, Any]]:
+        """(name, optimizer slot variable) of each registered slot of the pool."""
+        return [(name, slot) for name, slot, _ in self._slots]
+
+    def register_slot(self, name: str, slot: Any, initializer: Any) -> None:
+        """An optimizer slot of the pool: a row taken by a new key is reset to `initializer`'s value.
 
         Called by `ReshardableOptimizerMixin.add_variable_from_reference`. The
         reset is part of the traced training step, so the optimizer must be
@@ -158,17 +182,17 @@ class DynamicTableShard(tf.Module):
             )
         with tf.init_scope():
             row = keras.initializers.get(initializer)(shape=(1, self.dim), dtype=slot.dtype)
-            self._slots.append((slot, np.asarray(row)))
+            self._slots.append((name, slot, np.asarray(row)))
 
     # -- inference -----------------------------------------------------------------
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
-        """Rows of int64 `keys` (1-D); unknown and reserved keys read `DEFAULT_ROW`. Inserts nothing."""
-        with self._on_device():
+        """Rows of int64 `keys` (1-D); unknown and reserved keys read `MISSING`. Inserts nothing."""
+        with self.on_device():
             bad = reserved(keys)
             rows = tf.reshape(
                 self.table.lookup(tf.where(bad, tf.zeros_like(keys), keys)), tf.shape(keys)
             )
-            return tf.where(bad | (rows < 0), tf.constant(DEFAULT_ROW, tf.int64), rows)
+            return tf.where(bad, tf.constant(MISSING, tf.int64), rows)
 
     # -- training ------------------------------------------------------------------
     def lookup_or_insert(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
@@ -178,7 +202,7 @@ class DynamicTableShard(tf.Module):
         """
         if not tf.executing_eagerly():
             self.__dict__["_traced"] = True
-        with self._on_device():
+        with self.on_device():
             return self._critical_section.execute(lambda: self._step(keys, counts))
 
     def _step(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
@@ -207,11 +231,10 @@ class DynamicTableShard(tf.Module):
         needed = tf.size(found_rows, out_type=tf.int64) + n_new
         check = tf.debugging.assert_less_equal(
             needed,
-            tf.constant(self.capacity - 1, tf.int64),
+            tf.constant(self.capacity, tf.int64),
             message=(
-                f"{self.where}: capacity={self.capacity} rows (one is the default row) cannot hold "
-                f"the distinct keys of one batch that need a row in this shard (the first value); "
-                f"raise capacity or num_shards"
+                f"{self.where}: its {self.capacity} rows cannot hold the distinct keys of one "
+                f"batch that need a row in this shard (the first value); raise capacity"
             ),
             summarize=1,
         )
@@ -219,7 +242,8 @@ class DynamicTableShard(tf.Module):
         with tf.control_dependencies(_ops([check])):
             n_new = tf.identity(n_new)
         effects.append(self._make_room(n_new, clock))
-        new_rows = self._take(n_new)
+        new_rows, taking = self._take(n_new)
+        effects += taking
         admitted_counts = tf.boolean_mask(new_counts, admit)
         effects += [
             self.table.insert(admitted_keys, new_rows),
@@ -231,7 +255,7 @@ class DynamicTableShard(tf.Module):
             self.admitted.assign_add(n_new),
         ]
         effects.append(self._expire(clock))
-        out = tf.where(found, rows, tf.constant(DEFAULT_ROW, tf.int64))
+        out = tf.where(found, rows, tf.constant(MISSING, tf.int64))
         out = tf.tensor_scatter_nd_update(
             out, tf.boolean_mask(missing_at, admit)[:, None], new_rows
         )
@@ -267,27 +291,34 @@ class DynamicTableShard(tf.Module):
         with tf.control_dependencies(_ops([self.candidates.erase(forget)])):
             return tf.size(forget, out_type=tf.int64)
 
-    def _take(self, n: tf.Tensor) -> tf.Tensor:
-        """Pops `n` rows off the free stack (rows 1, 2, ... of a fresh shard first)."""
-        free = self.capacity - 1 - self.rows_in_use.read_value()
+    def _take(self, n: tf.Tensor) -> tuple[tf.Tensor, list]:
+        """Pops `n` rows off the free stack (rows 0, 1, ... of a fresh shard first), each drawn anew
+        from the initializer, its optimizer slots reset; returns the rows and those updates."""
+        free = self.capacity - self.rows_in_use.read_value()
         rows = tf.gather(self.free_rows, free - 1 - tf.range(n))
         with tf.control_dependencies([rows]):
             taken = self.rows_in_use.assign_add(n)
-        with tf.control_dependencies(_ops([taken])):
-            return tf.identity(rows)
+        pool = tf_compat.variable_storage(self.pool)
+        fresh = self._reinitializer(shape=(n, self.dim), dtype=pool.dtype)
+        effects = [taken, pool.scatter_update(tf.IndexedSlices(tf.cast(fresh, pool.dtype), rows))]
+        for _, slot, row in self._slots:
+            stored = tf_compat.variable_storage(slot)
+            effects.append(stored.scatter_update(tf.IndexedSlices(tf.tile(row, [n, 1]), rows)))
+        return rows, effects
 
     def _make_room(self, n_new: tf.Tensor, clock: tf.Tensor) -> tf.Tensor:
         """LFU eviction when `n_new` rows do not fit: frees at least a chunk of the least used rows."""
         chunk = max(1, self.capacity // EVICTION_CHUNK)
-        shortfall = n_new - (self.capacity - 1 - self.rows_in_use.read_value())
+        shortfall = n_new - (self.capacity - self.rows_in_use.read_value())
 
         def evict():
             eligible = (self.row_key.read_value() != EMPTY_KEY) & (self.last_seen < clock)
             # Least frequent first; equally frequent: least recently seen first.
-            score = tf.minimum(self.frequency, 2**31 - 1) * (2**32) + tf.minimum(
-                self.last_seen, 2**32 - 1
+            score = tf.where(
+                eligible,
+                lfu_score(self.frequency, self.last_seen),
+                tf.constant(_INT64_MAX, tf.int64),
             )
-            score = tf.where(eligible, score, tf.constant(_INT64_MAX, tf.int64))
             k = tf.minimum(
                 tf.maximum(tf.constant(chunk, tf.int64), shortfall),
                 tf.math.count_nonzero(eligible, dtype=tf.int64),
@@ -312,28 +343,114 @@ class DynamicTableShard(tf.Module):
         return tf.cond(tf.equal(clock % every, 0), sweep, lambda: tf.constant(0, tf.int64))
 
     def _free(self, rows: tf.Tensor, counter: tf.Variable) -> tf.Tensor:
-        """Removes the keys of `rows`, re-initialises the rows (pool, slots, counts), pushes them free."""
+        """Removes the keys of `rows` and pushes the rows onto the free stack (drawn anew when taken)."""
         k = tf.size(rows, out_type=tf.int64)
         keys = tf.gather(self.row_key, rows)
         zeros = tf.zeros_like(rows)
-        pool = tf_compat.variable_storage(self.pool)
-        fresh = self._reinitializer(shape=(k, self.dim), dtype=pool.dtype)
+        free = self.capacity - self.rows_in_use.read_value()
         effects = [
             self.table.erase(keys),
             self.row_key.scatter_update(tf.IndexedSlices(tf.fill([k], EMPTY_KEY), rows)),
             self.frequency.scatter_update(tf.IndexedSlices(zeros, rows)),
             self.last_seen.scatter_update(tf.IndexedSlices(zeros, rows)),
-            pool.scatter_update(tf.IndexedSlices(tf.cast(fresh, pool.dtype), rows)),
+            self.free_rows.scatter_update(tf.IndexedSlices(rows, free + tf.range(k))),
         ]
-        for slot, row in self._slots:
-            stored = tf_compat.variable_storage(slot)
-            effects.append(stored.scatter_update(tf.IndexedSlices(tf.tile(row, [k, 1]), rows)))
-        free = self.capacity - 1 - self.rows_in_use.read_value()
-        effects.append(self.free_rows.scatter_update(tf.IndexedSlices(rows, free + tf.range(k))))
         with tf.control_dependencies(_ops(effects)):
             effects = [self.rows_in_use.assign_sub(k), counter.assign_add(k)]
         with tf.control_dependencies(_ops(effects)):
             return tf.identity(k)
+
+    # -- checkpoints ---------------------------------------------------------------
+    def export_state(self) -> dict[str, tf.Tensor]:
+        """The shard's rows in use and its bookkeeping, as tensors on its device (for a checkpoint).
+
+        Keys, rows, values, frequency, last_seen and each slot's values are
+        one entry per row in use, in row order; ``free`` is the free stack.
+        """
+
+        def read():
+            with self.on_device():
+                used = tf.where(self.row_key.read_value() != EMPTY_KEY)[:, 0]
+                free = self.capacity - self.rows_in_use.read_value()
+                state = {
+                    "keys": tf.gather(self.row_key, used),
+                    "rows": used,
+                    "values": tf.gather(tf_compat.variable_storage(self.pool), used),
+                    "frequency": tf.gather(self.frequency, used),
+                    "last_seen": tf.gather(self.last_seen, used),
+                    "free": self.free_rows[:free],
+                    **{
+                        name: tf.reshape(getattr(self, name).read_value(), [1])
+                        for name in ("clock", "admitted", "evicted", "expired")
+                    },
+                }
+                for name, slot in self.slots:
+                    state[f"slot_{name}"] = tf.gather(tf_compat.variable_storage(slot), used)
+                if self.candidates is not None:
+                    keys, counts = (tf.reshape(t, [-1]) for t in self.candidates.export())
+                    valid = keys > DELETED_KEY
+                    state["candidate_keys"] = tf.boolean_mask(keys, valid)
+                    state["candidate_counts"] = tf.boolean_mask(counts, valid)
+                return state
+
+        return self._critical_section.execute(read) if self.device else read()
+
+    def import_state(self, state: dict[str, tf.Tensor]) -> list:
+        """Replaces the shard's contents with `state` (as `export_state` gives it, for this shard).
+
+        ``rows`` must be distinct rows of this shard and ``free`` the other
+        rows; the rows in use keep their values and slots, the free rows'
+        contents do not matter (drawn anew when taken). Returns the updates.
+        """
+        with self.on_device():
+            rows, keys = state["rows"], state["keys"]
+            effects = [
+                self.row_key.assign(tf.fill([self.capacity], tf.constant(EMPTY_KEY, tf.int64))),
+                self.frequency.assign(tf.zeros([self.capacity], tf.int64)),
+                self.last_seen.assign(tf.zeros([self.capacity], tf.int64)),
+            ]
+            with tf.control_dependencies(_ops(effects)):
+                effects += [
+                    self.row_key.scatter_update(tf.IndexedSlices(keys, rows)),
+                    self.frequency.scatter_update(tf.IndexedSlices(state["frequency"], rows)),
+                    self.last_seen.scatter_update(tf.IndexedSlices(state["last_seen"], rows)),
+                ]
+            pool = tf_compat.variable_storage(self.pool)
+            effects.append(
+                pool.scatter_update(tf.IndexedSlices(tf.cast(state["values"], pool.dtype), rows))
+            )
+            for name, slot in self.slots:
+                if f"slot_{name}" in state:
+                    stored = tf_compat.variable_storage(slot)
+                    values = tf.cast(state[f"slot_{name}"], stored.dtype)
+                    effects.append(stored.scatter_update(tf.IndexedSlices(values, rows)))
+            free = state["free"]
+            padding = tf.zeros([self.capacity - tf.size(free)], tf.int64)
+            effects.append(self.free_rows.assign(tf.concat([free, padding], 0)))
+            effects += [self.rows_in_use.assign(tf.size(keys, out_type=tf.int64))]
+            effects += [
+                getattr(self, name).assign(tf.reshape(state[name], []))
+                for name in ("clock", "admitted", "evicted", "expired")
+            ]
+            effects.append(_replace_contents(self.table, keys, rows))
+            if self.candidates is not None and "candidate_keys" in state:
+                keys, counts = state["candidate_keys"], state["candidate_counts"]
+                keep = tf.minimum(tf.size(keys), self.candidate_limit)
+                counts, order = tf.math.top_k(counts, k=keep)
+                keys = tf.gather(keys, order)
+                effects.append(_replace_contents(self.candidates, keys, counts))
+            return effects
+
+
+def _replace_contents(table: Any, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+    """Empties `table`, then inserts `keys` -> `values`. (TF's import copies a bucket array as it
+    is laid out, so it cannot take a list of keys.)"""
+    old = tf.reshape(table.export()[0], [-1])
+    erased = table.erase(tf.boolean_mask(old, old > DELETED_KEY))
+    with tf.control_dependencies(_ops([erased])):
+        inserted = table.insert(keys, values)
+    with tf.control_dependencies(_ops([inserted])):
+        return table.size()
 
 
 def _ops(effects: list) -> list:

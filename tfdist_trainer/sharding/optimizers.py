@@ -39,13 +39,19 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
         if table is not None:
             slot._tfdist_slot_of = (table, name)
         dynamic = getattr(reference_variable, "_tfdist_dynamic_shard", None)
-        if dynamic is not None:  # a DynamicEmbedding's pool: its evicted rows reset the slot's rows
-            dynamic.register_slot(slot, initializer)
+        if (
+            dynamic is not None
+        ):  # a DynamicEmbedding's pool: the table saves its rows and resets them
+            dynamic.register_slot(name, slot, initializer)
+            slot._tfdist_dynamic_slot = True
         return slot
 
     def checkpoint_children(self, children: dict[str, Any]) -> dict[str, Any]:
         variables = list(self.variables)
-        if not any(getattr(v, "_tfdist_slot_of", None) for v in variables):
+        if not any(
+            getattr(v, "_tfdist_slot_of", None) or getattr(v, "_tfdist_dynamic_slot", False)
+            for v in variables
+        ):
             sharded_model = any(
                 getattr(v, "_tfdist_table", None) for v in tf_compat.optimizer_model_variables(self)
             )
@@ -55,8 +61,8 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
         kept_ids = {id(c) for c in keep.values()}
         groups: dict[tuple[int, str], dict[int, Any]] = {}
         for variable in variables:
-            if id(variable) in kept_ids:
-                continue
+            if id(variable) in kept_ids or getattr(variable, "_tfdist_dynamic_slot", False):
+                continue  # a dynamic table's slot rows are saved with its keys (dynamic_checkpoint.py)
             slot_of = getattr(variable, "_tfdist_slot_of", None)
             if slot_of is None:
                 # By what it is, not by position or by the optimizer's own (auto-numbered) name.
