@@ -19,6 +19,7 @@ import sys
 import tempfile
 
 import numpy as np
+from clusterlib import REPO, base_env
 
 _SERVE = r"""
 import json, sys
@@ -68,3 +69,68 @@ def serve_in_clean_process(
         assert result.returncode == 0, result.stderr[-3000:]
         report = json.loads(result.stdout.strip().splitlines()[-1])
         return np.load(outputs_path), report["ops"]
+
+
+_PREDICT = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+from tfdist_trainer.plan.gin_config import load_experiment
+from tfdist_trainer.runtime.state import build_model
+from tfdist_trainer.trainers import data as data_lib
+
+args = json.loads(sys.argv[1])
+experiment = load_experiment(args["gin_files"], args["gin_bindings"])
+trainer = experiment.trainer_cls()
+model = build_model(trainer)
+status = tf.train.Checkpoint(model=model).read(args["checkpoint"])
+status.assert_existing_objects_matched().expect_partial()
+batches, count = [], 0
+for features, _ in trainer.build_eval_dataset(data_lib.single_pipeline_context()):
+    batches.append({k: v.numpy() for k, v in features.items()})
+    count += len(batches[-1]["dense"])
+    if count >= args["examples"]:
+        break
+inputs = {k: np.concatenate([b[k] for b in batches])[: args["examples"]] for k in batches[0]}
+rng = np.random.default_rng(0)
+ids = inputs["categorical"]
+unseen = slice(len(ids) - args["unseen"], len(ids))
+if ids.dtype.kind in "SUO":
+    fresh = rng.integers(0, 2**63, size=ids[unseen].shape, dtype=np.int64)
+    ids[unseen] = np.vectorize(lambda x: f"{x:016x}".encode())(fresh)
+elif args["unseen"]:
+    ids[unseen] = rng.integers(-(2**62), 2**62, size=ids[unseen].shape, dtype=np.int64)
+predictions = model({k: tf.constant(v) for k, v in inputs.items()}, training=False).numpy()
+np.savez(args["out"], predictions=predictions, **inputs)
+print(json.dumps({"examples": len(predictions)}))
+"""
+
+
+def checkpoint_predictions(
+    gin_files: list[str], gin_bindings: list[str], checkpoint: str, *, examples: int, unseen: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(inputs, predictions) of the model the gin config builds here, outside any cluster, with
+    `checkpoint`'s weights: `examples` of its evaluation data, the last `unseen` with fresh raw ids
+    (keys no dynamic table has seen). The reference a served export must reproduce."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "predictions.npz")
+        args = {
+            "gin_files": gin_files,
+            "gin_bindings": gin_bindings,
+            "checkpoint": checkpoint,
+            "examples": examples,
+            "unseen": unseen,
+            "out": out,
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", _PREDICT, json.dumps(args)],
+            cwd=REPO,
+            env=base_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        saved = dict(np.load(out, allow_pickle=False))
+        predictions = saved.pop("predictions")
+        return saved, predictions

@@ -62,7 +62,9 @@ def read_checked(checkpoint: tf.train.Checkpoint, prefix: str, what: str) -> Non
         status = checkpoint.read(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()
-    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
+    except AssertionError as e:
+        raise checkpoints.model_mismatch(prefix, e, what) from None
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
         first = str(e).strip().splitlines()[0][:200]
         raise ConfigError(
             f"{prefix} is not a checkpoint of {what} ({first}); point --checkpoint (or --model_dir) "

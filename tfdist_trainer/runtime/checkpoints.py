@@ -40,6 +40,7 @@ from absl import logging
 
 from tfdist_trainer.errors import (
     CheckpointWriteError,
+    ConfigError,
     NoIntactCheckpoint,
     StorageUnavailable,
     TfdistError,
@@ -47,6 +48,7 @@ from tfdist_trainer.errors import (
 from tfdist_trainer.io import storage
 from tfdist_trainer.io.checkpoint_names import step_of  # noqa: F401  (re-exported)
 from tfdist_trainer.plan.cluster import ClusterConfig
+from tfdist_trainer.sharding.checkpoint_mismatch import table_kind_mismatch
 
 #: Where the evaluator names the checkpoint it is reading, relative to model_dir.
 PIN_FILE = storage.join("eval", "pinned_checkpoint.json")
@@ -165,6 +167,20 @@ def unreadable_reason(error: BaseException) -> str | None:
     ):
         return f"{type(error).__name__}: {_one_line(error)}"
     return None
+
+
+def model_mismatch(prefix: str, error: AssertionError, what: str) -> ConfigError:
+    """One sentence for a checkpoint that is not of this model (TensorFlow's AssertionError lists the
+    model's objects it holds no values for): tables of the other kind by name, else the first line."""
+    text = str(error).strip()
+    specific = table_kind_mismatch(prefix, text)
+    if specific:
+        return ConfigError(specific)
+    first = text.splitlines()[0][:200] if text else type(error).__name__
+    return ConfigError(
+        f"{prefix} is not a checkpoint of {what} ({first}); point --model_dir (or --checkpoint) "
+        f"at a run of the same model and gin config."
+    )
 
 
 def _save_failure(error: tf.errors.OpError, path: str, *, unavailable: bool) -> TfdistError | None:
@@ -300,6 +316,8 @@ class Checkpointer:
             return "its .index file is missing"
         try:
             self._checkpoint.restore(prefix).assert_existing_objects_matched()
+        except AssertionError as e:
+            raise model_mismatch(prefix, e, "this model") from None
         except (IndexError, tf.errors.OpError) as e:
             reason = unreadable_reason(e)
             if reason is None:

@@ -1,0 +1,124 @@
+"""Checkpoints and exports of dynamic tables from a real cluster (chief, 2 workers, 2 ps through
+tfdist-launch): `--mode=export` writes a SavedModel that a clean process serves with stock
+TensorFlow on raw keys, with the trained model's predictions; the 2-ps checkpoint resumes on 3 ps;
+a checkpoint of fixed tables restored into dynamic ones (and the reverse) is one sentence, exit 2."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+from clusterlib import (
+    REPO,
+    assert_one_error_line,
+    launch_cmd,
+    read_records,
+    run,
+    strategy_gin,
+    train_cmd,
+)
+from servinglib import checkpoint_predictions, serve_in_clean_process
+
+pytestmark = pytest.mark.cluster
+
+DYNAMIC_TINY = f"{REPO}/configs/sharded_embedding/dynamic_tiny.gin"
+STEPS = 60  # dynamic_tiny.gin's train.train_steps
+
+
+@pytest.fixture(scope="module")
+def two_ps_run(tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("dynamic") / "model")
+    result = run(
+        launch_cmd(
+            ["--num_workers=2", "--num_ps=2"],
+            [
+                f"--gin_file={DYNAMIC_TINY}",
+                strategy_gin("parameter_server"),
+                f"--model_dir={model_dir}",
+            ],
+        ),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-6000:]
+    return model_dir
+
+
+def test_a_two_ps_run_exports_a_model_that_a_clean_process_serves_on_raw_keys(two_ps_run):
+    model_dir = two_ps_run
+    checkpoint = os.path.join(model_dir, f"ckpt-{STEPS}")
+    export = run(
+        train_cmd(
+            f"--gin_file={DYNAMIC_TINY}",
+            strategy_gin("parameter_server"),
+            f"--model_dir={model_dir}",
+            "--mode=export",
+        ),
+        timeout=180,
+    )
+    assert export.returncode == 0, export.stdout[-4000:]
+    export_dir = os.path.join(model_dir, "export", f"ckpt-{STEPS}")
+    # The reference: the model on the training run's 2 shards (the export holds 1), its checkpoint.
+    inputs, expected = checkpoint_predictions(
+        [DYNAMIC_TINY], ["ClickTrainer.num_shards=2"], checkpoint, examples=1000, unseen=300
+    )
+    served, ops = serve_in_clean_process(export_dir, inputs)
+    assert served.shape == expected.shape == (1000, 1)
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
+    assert "LookupTableFindV2" in ops, ops  # the raw keys are looked up in the served model
+    # The export holds each table's key -> row map and rows once: not the training bookkeeping.
+    assert not any("Critical" in op or "MutexLock" in op for op in ops), ops
+
+
+def test_a_two_ps_checkpoint_resumes_on_three_ps_with_its_keys_rehashed(two_ps_run):
+    model_dir = two_ps_run
+    before = [r for r in read_records(model_dir) if r["kind"] == "train"]
+    result = run(
+        launch_cmd(
+            ["--num_workers=2", "--num_ps=3"],
+            [
+                f"--gin_file={DYNAMIC_TINY}",
+                strategy_gin("parameter_server"),
+                f"--model_dir={model_dir}",
+                f"--gin_bindings=train.train_steps={STEPS + 20}",
+            ],
+        ),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-6000:]
+    assert re.search(rf"restored \S*ckpt-{STEPS} \(step {STEPS}\)", result.stdout), result.stdout[
+        -4000:
+    ]
+    after = [r for r in read_records(model_dir) if r["kind"] == "train"][len(before) :]
+    assert after[0]["step"] == STEPS + 20, after
+    last = after[-1]
+    # Every table now has 3 shards, and the keys it had stay (the 3 shards hold them all).
+    assert "table_0/shard_2/rows_in_use" in last, sorted(last)
+    assert last["table_0/rows_in_use"] == sum(
+        last[f"table_0/shard_{i}/rows_in_use"] for i in range(3)
+    )
+    assert last["table_0/admitted"] >= before[-1]["table_0/admitted"], (last, before[-1])
+    # Training goes on from where it was, not from scratch.
+    assert last["loss"] < before[0]["loss"], (last, before[0])
+
+
+@pytest.mark.parametrize("first, then", [("dynamic", "fixed"), ("fixed", "dynamic")])
+def test_a_checkpoint_of_one_table_kind_restored_into_the_other_is_one_sentence(
+    tmp_path, first, then
+):
+    kinds = {"dynamic": [], "fixed": ["--gin_bindings=ClickTrainer.dynamic_capacity=None"]}
+    common = [
+        f"--gin_file={DYNAMIC_TINY}",
+        strategy_gin("one_device"),
+        f"--model_dir={tmp_path / 'model'}",
+        "--gin_bindings=train.train_steps=2",
+        "--gin_bindings=ClickTrainer.eval_batches=1",
+    ]
+    trained = run(train_cmd(*common, *kinds[first]), timeout=180)
+    assert trained.returncode == 0, trained.stdout[-4000:]
+    result = run(train_cmd(*common, *kinds[then]), timeout=180)
+    named = {"dynamic": "DynamicEmbedding tables (rows by key)", "fixed": "fixed-size"}
+    assert_one_error_line(
+        result, 2, f"holds {named[first]}", "cannot be restored as the other", "new model_dir"
+    )

@@ -1,0 +1,42 @@
+"""Why a checkpoint does not fit a model's tables, in one sentence: a fixed table where a dynamic one is, or the reverse.
+
+Why it needs saying: a fixed table (`ShardedEmbedding`) is saved as row
+slices of a [vocab, dim] tensor, a dynamic one (`DynamicEmbedding`) as keys
+and their rows. Neither can become the other (a fixed table's row numbers are
+not the raw keys a dynamic table looks up), and TensorFlow reports the
+mismatch only as Python objects "not bound to checkpointed values".
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
+from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
+
+_FIXED_KEY = "/table/.ATTRIBUTES/table"
+_DYNAMIC_KEY = "/dynamic_table/.ATTRIBUTES/keys"
+
+
+def table_kind_mismatch(prefix: str, unmatched: str) -> str | None:
+    """The sentence for a checkpoint whose tables are of the other kind than the model's, or None.
+
+    `unmatched` is TensorFlow's message naming the model's objects that the
+    checkpoint has no values for (`assert_existing_objects_matched`).
+    """
+    keys = [name for name, _ in tf.train.list_variables(prefix)]
+    saved_fixed = any(_FIXED_KEY in k for k in keys)
+    saved_dynamic = any(_DYNAMIC_KEY in k for k in keys)
+    if DynamicTableCheckpoint.__name__ in unmatched and saved_fixed:
+        return (
+            f"{prefix} holds fixed-size tables (ShardedEmbedding, rows by id) where this model has "
+            f"DynamicEmbedding tables (rows by key), and one cannot be restored as the other; "
+            f"train the dynamic tables in a new model_dir."
+        )
+    if LogicalTableCheckpoint.__name__ in unmatched and saved_dynamic:
+        return (
+            f"{prefix} holds DynamicEmbedding tables (rows by key) where this model has fixed-size "
+            f"tables (ShardedEmbedding, rows by id), and one cannot be restored as the other; "
+            f"train the fixed tables in a new model_dir."
+        )
+    return None
