@@ -533,6 +533,37 @@ def test_parameter_server_two_ps_balanced_sparse_and_learns(two_ps_run):
 
 
 @pytest.mark.cluster
+def test_a_model_sharded_over_two_ps_exports_and_serves_from_a_clean_process(two_ps_run):
+    """--mode=export of the 2-ps run: a clean process (stock TF only) gives its predictions."""
+    from servinglib import checkpoint_predictions, serve_in_clean_process
+
+    model_dir, _, _ = two_ps_run
+    bindings = ["ClickTrainer.num_shards=5"]
+    export = clusterlib.run(
+        clusterlib.train_cmd(
+            *TINY,
+            strategy_gin("parameter_server"),
+            f"--model_dir={model_dir}",
+            *[f"--gin_bindings={b}" for b in bindings],
+            "--mode=export",
+        ),
+        timeout=TIMEOUT_S,
+    )
+    assert export.returncode == 0, export.stdout[-4000:]
+    inputs, expected = checkpoint_predictions(
+        [TINY[0].split("=", 1)[1]],
+        bindings,
+        os.path.join(model_dir, f"ckpt-{FIRST_STEPS}"),
+        examples=1000,
+        unseen=0,
+    )
+    served, _ = serve_in_clean_process(
+        os.path.join(model_dir, "export", f"ckpt-{FIRST_STEPS}"), inputs
+    )
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.cluster
 def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
     model_dir, _, _ = two_ps_run
     before = read_records(model_dir)
