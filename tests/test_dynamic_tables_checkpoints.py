@@ -37,6 +37,8 @@ def two_ps_run(tmp_path_factory):
                 f"--gin_file={DYNAMIC_TINY}",
                 strategy_gin("parameter_server"),
                 f"--model_dir={model_dir}",
+                # The exports at the end of training: the same path as --mode=export.
+                "--gin_bindings=train.extra_hooks=[@ExportSavedModel(), @BestExporter()]",
             ],
         ),
         timeout=300,
@@ -58,17 +60,23 @@ def test_a_two_ps_run_exports_a_model_that_a_clean_process_serves_on_raw_keys(tw
         timeout=180,
     )
     assert export.returncode == 0, export.stdout[-4000:]
-    export_dir = os.path.join(model_dir, "export", f"ckpt-{STEPS}")
     # The reference: the model on the training run's 2 shards (the export holds 1), its checkpoint.
     inputs, expected = checkpoint_predictions(
         [DYNAMIC_TINY], ["ClickTrainer.num_shards=2"], checkpoint, examples=1000, unseen=300
     )
-    served, ops = serve_in_clean_process(export_dir, inputs)
-    assert served.shape == expected.shape == (1000, 1)
-    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
-    assert "LookupTableFindV2" in ops, ops  # the raw keys are looked up in the served model
-    # The export holds each table's key -> row map and rows once: not the training bookkeeping.
-    assert not any("Critical" in op or "MutexLock" in op for op in ops), ops
+    # --mode=export, ExportSavedModel and BestExporter (step 60 is the only evaluation: the best).
+    for name in (f"ckpt-{STEPS}", str(STEPS), "best_eval_loss"):
+        export_dir = os.path.join(model_dir, "export", name)
+        if name == "best_eval_loss":
+            (export_dir,) = [
+                os.path.join(export_dir, d) for d in os.listdir(export_dir) if d.isdigit()
+            ]
+        served, ops = serve_in_clean_process(export_dir, inputs)
+        assert served.shape == expected.shape == (1000, 1)
+        np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5, err_msg=name)
+        assert "LookupTableFindV2" in ops, ops  # the raw keys are looked up in the served model
+        # The served graph only reads: none of the training step's locking and bookkeeping.
+        assert not any("Critical" in op or "MutexLock" in op for op in ops), ops
 
 
 def test_a_two_ps_checkpoint_resumes_on_three_ps_with_its_keys_rehashed(two_ps_run):
