@@ -130,3 +130,21 @@ def test_a_checkpoint_of_one_table_kind_restored_into_the_other_is_one_sentence(
     assert_one_error_line(
         result, 2, f"holds {named[first]}", "cannot be restored as the other", "new model_dir"
     )
+
+
+def test_a_capacity_below_one_batchs_new_keys_is_one_sentence(tmp_path):
+    result = run(
+        train_cmd(
+            f"--gin_file={DYNAMIC_TINY}",
+            strategy_gin("one_device"),
+            f"--model_dir={tmp_path / 'model'}",
+            "--gin_bindings=ClickTrainer.dynamic_capacity=8",
+        ),
+        timeout=180,
+    )
+    assert_one_error_line(
+        result,
+        2,
+        "shard 0: its 8 rows cannot hold the distinct keys of one batch",
+        "raise capacity",
+    )

@@ -98,13 +98,15 @@ def train(
 
     import keras
 
+    from tfdist_trainer.runtime.config_checks import config_checks_are_config_errors
     from tfdist_trainer.runtime.train.controller import run_training
 
     # What the run changes for the whole process goes back as it was: a notebook goes on.
     previous_policy = keras.mixed_precision.global_policy()
     previous_sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        return run_training(experiment, cluster, model_dir)
+        with config_checks_are_config_errors():
+            return run_training(experiment, cluster, model_dir)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
         if threading.current_thread() is threading.main_thread():

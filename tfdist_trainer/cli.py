@@ -240,10 +240,11 @@ def main(argv: list[str]) -> None:
 
         preemption.stop_quietly_on_sigterm("the evaluator starts")
 
+    from tfdist_trainer.runtime.config_checks import config_checks_are_config_errors
     from tfdist_trainer.runtime.peers import lost_peer_is_one_error
 
     try:
-        with lost_peer_is_one_error():
+        with lost_peer_is_one_error(), config_checks_are_config_errors():
             _run_action(action, experiment, cluster, strategy_config)
     # the package's own errors: one sentence; anything else keeps its traceback
     except errors.TfdistError as e:

@@ -28,6 +28,10 @@ EXIT_STORAGE_UNAVAILABLE = (
     202  # model_dir's storage did not answer (an object store's 503, a timeout)
 )
 
+#: The name of an in-graph assertion that checks a setting against data (runtime/config_checks.py):
+#: when it fails, the task says its message and exits EXIT_CONFIG.
+CONFIG_CHECK = "tfdist_config_check"
+
 #: Exit codes no restart can fix; every other non-zero code is worth a restart.
 PERMANENT_EXIT_CODES = range(1, 128)
 

@@ -98,3 +98,21 @@ def test_a_long_cause_is_cut_and_an_unfinished_traceback_has_none():
     _feed(hold, ["[worker:0] ValueError: " + "x" * 500])
     cause = hold.cause()
     assert cause.startswith("ValueError: xxx") and len(cause) == 300 and cause.endswith("...")
+
+
+def test_the_coordinators_copies_of_an_error_the_task_names_in_one_sentence_are_left_out():
+    copy = [
+        "[chief:0] E1126 07:34:25.1 1 cluster_coordinator.py:990] /job:worker/task:1 encountered "
+        "the following error when processing closure: InvalidArgumentError():Graph execution error:",
+        "[chief:0] ",
+        '[chief:0]   File "dynamic_table.py", line 233, in _step',
+        "[chief:0] assertion failed: [table_5 shard 0: its 4 rows cannot hold ...]",
+    ]
+    error = "[chief:0] error: table_5 shard 0: its 4 rows cannot hold the distinct keys; raise capacity."
+    hold = TracebackHold()
+    assert _feed(hold, [*copy, error]) == []
+    assert hold.traceback() == [error] and hold.named_its_error()
+    # Without the task's own line, the copies are all there is to show.
+    hold = TracebackHold()
+    _feed(hold, copy)
+    assert hold.traceback() == copy and not hold.named_its_error()

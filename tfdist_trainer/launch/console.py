@@ -271,17 +271,26 @@ class TracebackHold:
 
     def traceback(self) -> list[str]:
         """The held lines to print for a task that died: all of them, less the records that copy the
-        error it raised (`RAISED_NEXT`) when its traceback is held too."""
-        if not any(strip_role(line).startswith(_TRACEBACK) for line in self.held):
+        error it raised (`RAISED_NEXT`) when the error itself is held too: its traceback, or the
+        one sentence the task ends with (``error: ...``, when the package names the cause)."""
+        if not any(_is_the_error(strip_role(line)) for line in self.held):
             return list(self.held)
         kept, copy = [], False
         for line in self.held:
             text = strip_role(line)
-            if _HEADER.match(text) or text.startswith(_TRACEBACK):
+            if _HEADER.match(text) or _is_the_error(text):
                 copy = _raised_next(text)
             if not copy:
                 kept.append(line)
         return kept
+
+    def named_its_error(self) -> bool:
+        """Whether the task ended with its own one sentence (``error: ...``) and no traceback: then
+        that sentence is the whole report."""
+        texts = [strip_role(line) for line in self.held]
+        return any(t.startswith(_ONE_SENTENCE) for t in texts) and not any(
+            t.startswith(_TRACEBACK) for t in texts
+        )
 
     def cause(self) -> str | None:
         """The exception line of the held traceback (the last one, in a chain), without its module
@@ -313,6 +322,14 @@ class TracebackHold:
 
 
 _TRACEBACK = "Traceback (most recent call last):"
+#: How a task ends with one sentence (cli._fail): ``error: <what to fix>``.
+_ONE_SENTENCE = "error: "
+
+
+def _is_the_error(text: str) -> bool:
+    return text.startswith(_TRACEBACK) or text.startswith(_ONE_SENTENCE)
+
+
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): \S")
 
 #: Error records that copy the error their task raises next: tf.distribute's ClusterCoordinator

@@ -249,6 +249,10 @@ class LocalCluster:
             if output.reported or not output.hold.held:
                 return
             output.reported = True
+            if output.hold.named_its_error():  # its own sentence says it all
+                self._write(output.hold.traceback())
+                output.hold.release()
+                return
             cause = output.hold.cause() or "a Python traceback"
             held = output.hold.traceback()
             output.hold.release()

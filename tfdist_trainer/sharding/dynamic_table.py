@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
+from tfdist_trainer.errors import CONFIG_CHECK
 from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY, EMPTY_KEY, reserved
 
 #: The row of a key that has none: the layer reads its default row instead.
@@ -237,6 +238,7 @@ class DynamicTableShard(tf.Module):
                 f"batch that need a row in this shard (the first value); raise capacity"
             ),
             summarize=1,
+            name=CONFIG_CHECK,  # the task then exits with this sentence, code 2 (config_checks.py)
         )
         effects.append(check)
         with tf.control_dependencies(_ops([check])):
