@@ -25,7 +25,10 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
     variables again under ``_trainable_variables``), so a different shard count
     shifts every position. With this mixin the checkpoint holds ``iterations``,
     ``learning_rate``, each slot of a non-sharded variable under its path, and
-    each slot of a sharded table as one logical [vocab, dim] table.
+    each slot of a sharded table as one logical [vocab, dim] table. The slots of
+    a `DynamicEmbedding`'s pools are not saved here: the table saves each key's
+    slot rows with the key (dynamic_checkpoint.py) and resets them when a key
+    takes a row.
     """
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
