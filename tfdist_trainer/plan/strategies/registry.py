@@ -1,0 +1,54 @@
+"""The one list of strategies (`NAMES`), and where each strategy's plan lives.
+
+A strategy's plan is a module named as the strategy and its gin file, found by its name:
+
+    plan/strategies/<name>.py          class <Name>(StrategyConfig), gin name <name> (TF-free)
+    configs/strategies/<name>.gin      train.strategy = @<name> and its knobs
+
+(`<Name>` is `<name>` in CamelCase: multi_worker_mirrored -> MultiWorkerMirrored.) Its
+TensorFlow half is built by `runtime/strategy_runtime.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.plan.strategies.base import StrategyConfig
+
+#: Every strategy, in the order the docs and the tests list them.
+NAMES: tuple[str, ...] = (
+    "one_device",
+    "mirrored",
+    "multi_worker_mirrored",
+    "parameter_server",
+    "model_parallel",
+)
+
+
+def class_name(name: str) -> str:
+    """The class of strategy `name` in its plan module (`multi_worker_mirrored` ->
+    `MultiWorkerMirrored`)."""
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def config_class(name: str) -> type[StrategyConfig]:
+    """The gin-configurable class of strategy `name` (importing its plan module registers it)."""
+    if name not in NAMES:
+        raise ConfigError(f"there is no strategy {name!r}; the strategies are {', '.join(NAMES)}.")
+    module = importlib.import_module(f"{__package__}.{name}")
+    return getattr(module, class_name(name))
+
+
+def as_strategy_config(value: Any) -> StrategyConfig:
+    """Accepts `@one_device` or `@one_device()` from gin, or a StrategyConfig instance."""
+    if isinstance(value, StrategyConfig):
+        return value
+    if callable(value):
+        made = value()
+        if isinstance(made, StrategyConfig):
+            return made
+    raise ConfigError(
+        f"train.strategy must be one of {', '.join('@' + name for name in NAMES)}; got {value!r}."
+    )
