@@ -557,10 +557,24 @@ def test_a_model_sharded_over_two_ps_exports_and_serves_from_a_clean_process(two
         examples=1000,
         unseen=0,
     )
-    served, _ = serve_in_clean_process(
-        os.path.join(model_dir, "export", f"ckpt-{FIRST_STEPS}"), inputs
-    )
+    export_dir = os.path.join(model_dir, "export", f"ckpt-{FIRST_STEPS}")
+    served, _ = serve_in_clean_process(export_dir, inputs)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
+    # Each weight once: the export's variables are the size of the model's weights (Keras' own
+    # model.export saves every weight twice).
+    checkpoint = os.path.join(model_dir, f"ckpt-{FIRST_STEPS}")
+    weights = sum(
+        4 * int(np.prod(shape))
+        for name, shape in tf.train.list_variables(checkpoint)
+        if name.startswith("model/")
+    )
+    variables_dir = os.path.join(export_dir, "variables")
+    exported = sum(
+        os.path.getsize(os.path.join(variables_dir, f))
+        for f in os.listdir(variables_dir)
+        if ".data-" in f
+    )
+    assert weights <= exported <= 1.02 * weights, (exported, weights)
 
 
 @pytest.mark.cluster

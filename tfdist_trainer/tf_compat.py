@@ -129,6 +129,33 @@ class ReplacesCheckpointChildren:
         return children
 
 
+# -- SavedModel export -------------------------------------------------------------
+
+
+def export_archive_of(model: Any) -> Any:
+    """A `keras.export.ExportArchive` serving `model`'s call as ``serve``, each weight saved once.
+
+    `model.export(format="tf_saved_model")` builds the same archive, but its
+    SavedModel holds every weight twice: once under ``variables/N`` (the
+    archive's lists of the tracked layer's Keras variables, each a trackable
+    of its own) and once under ``_all_variables/N`` (the TF variables the
+    endpoint captures). Measured on Keras 3 / TF 2.21: 12.8 MB of variables
+    for a 6.4 MB table; 8.0 GB for the 4.0 GB click model. The lists here hold
+    the TF variables themselves, which the SavedModel then saves once (1.0x).
+    Keras has no public switch for it; the input signature is the one
+    `model.export` infers (`keras.src.export.export_utils`).
+    """
+    import keras
+    from keras.src.export.export_utils import get_input_signature
+
+    archive = keras.export.ExportArchive()
+    archive.track_and_add_endpoint("serve", model, get_input_signature(model))
+    tracked = archive._tf_trackable  # noqa: SLF001
+    for name in ("variables", "trainable_variables", "non_trainable_variables"):
+        setattr(tracked, name, [variable_storage(v) for v in getattr(tracked, name)])
+    return archive
+
+
 # -- Keras variables --------------------------------------------------------------
 
 

@@ -13,12 +13,14 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
+from tfdist_trainer import tf_compat
 from tfdist_trainer.runtime.state import build_model
 
 
 def export_serving_model(model: Any, path: str) -> None:
-    """Writes `model` to `path` as a SavedModel whose `serve` signature runs its call."""
-    model.export(path, format="tf_saved_model", verbose=False)
+    """Writes `model` to `path` as a SavedModel whose `serve` signature (also ``serving_default``)
+    runs its call; each weight is saved once (`tf_compat.export_archive_of`)."""
+    tf_compat.export_archive_of(model).write_out(path, verbose=False)
     logging.info("exported a SavedModel with a serving signature to %s", path)
 
 
