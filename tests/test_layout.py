@@ -114,9 +114,9 @@ def test_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
 
 
 def test_strategies_hold_topology_only_and_the_runtime_builds_each_one():
-    """plan.strategies (TF-free) says what a strategy is; runtime.strategy_runtime alone builds it."""
+    """plan.strategies (TF-free) says what a strategy is; runtime.strategies alone builds it."""
     from tfdist_trainer.plan import strategies
-    from tfdist_trainer.runtime import strategy_runtime
+    from tfdist_trainer.runtime import strategies as runtime_strategies
 
     configs = [
         strategies.OneDevice(),
@@ -135,4 +135,6 @@ def test_strategies_hold_topology_only_and_the_runtime_builds_each_one():
     )
     for config in configs:
         assert [m for m in runtime_members if hasattr(config, m)] == [], type(config).__name__
-        assert any(cls in strategy_runtime._STARTERS for cls in type(config).__mro__), config.name
+        assert issubclass(
+            runtime_strategies.runtime_class(config.name), runtime_strategies.StrategyRuntime
+        ), config.name

@@ -248,18 +248,18 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
     import numpy as np
     from tfdist_trainer.plan.strategies import ModelParallel
     from tfdist_trainer.model_parallel import placement as placement_lib, step as step_lib
-    from tfdist_trainer.runtime import state as state_lib, strategy_runtime
+    from tfdist_trainer.runtime import state as state_lib, strategies
     from tfdist_trainer.errors import ConfigError
 
     corpus = sys.argv[1]
     config = ModelParallel(plan="auto", num_devices=4, num_micro_batches=4, placement_file=None)
-    strategy_runtime.prepare_devices(config)  # before TensorFlow starts
+    strategies.prepare_devices(config)  # before TensorFlow starts
     import keras, tensorflow as tf
     from recipes.model_parallel_lm.trainer import TransformerLMTrainer
 
     keras.utils.set_random_seed(3)
     config_settings = dict(vars(config))
-    runtime = strategy_runtime.start(config)
+    runtime = strategies.start(config)
     strategy = runtime.strategy
     trainer = TransformerLMTrainer(data_glob=corpus, seq_len=16, num_layers=2, d_model=16, num_heads=2, d_ff=32,
                                    global_batch_size=8)

@@ -38,17 +38,17 @@ GRAPH_SCRIPT = textwrap.dedent("""
     import json, re, sys
     import numpy as np
     from tfdist_trainer.plan.strategies import ModelParallel
-    from tfdist_trainer.runtime import state as state_lib, strategy_runtime
+    from tfdist_trainer.runtime import state as state_lib, strategies
 
     config = ModelParallel(plan="auto", num_devices=2, num_micro_batches=4, placement_file=None)
-    strategy_runtime.prepare_devices(config)  # before TensorFlow starts
+    strategies.prepare_devices(config)  # before TensorFlow starts
     import keras, tensorflow as tf
     from recipes.keras_hub import trainer as hub
     from tfdist_trainer.model_parallel import step as step_lib
     from tfdist_trainer.plan.model_parallel_plan import short_device
 
     keras.utils.set_random_seed(3)
-    runtime = strategy_runtime.start(config)
+    runtime = strategies.start(config)
     trainer = getattr(hub, sys.argv[1])(num_layers=2, hidden_dim=64, intermediate_dim=128, num_heads=2,
                                         seq_len=16, vocabulary_size=200, global_batch_size=8)
     state_lib.build_state(trainer, runtime.strategy, runtime=runtime)

@@ -19,7 +19,7 @@ from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.io import storage
 from tfdist_trainer.model_parallel import layer_table
 from tfdist_trainer.runtime import whole_tables
-from tfdist_trainer.runtime.strategy_runtime import StrategyRuntime
+from tfdist_trainer.runtime.strategies import StrategyRuntime
 from tfdist_trainer.sharding.shard_placement import task_of
 from tfdist_trainer.trainers import clipping, compiled, sparse_reduce
 from tfdist_trainer.trainers.trainer import Trainer

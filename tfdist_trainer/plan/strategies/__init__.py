@@ -4,8 +4,8 @@ The TF-free half of each strategy: one module a strategy, named as its gin name,
 shared `base`, and `registry.NAMES`, the one list of them (see `registry` for what a
 strategy is made of).
 Building the `tf.distribute.Strategy`, placing a model and choosing the step is the other
-half's job (`tfdist_trainer.runtime.strategy_runtime`), which the training task starts once
-TF may start.
+half's job (`tfdist_trainer.runtime.strategies`), which the training task starts once TF
+may start.
 
 Importing this package registers every strategy's gin name; the names re-exported here are
 those of the one module the strategies shared before, so users' imports keep working.

@@ -1,7 +1,7 @@
 """What every strategy's plan shares: the task's `Action` and the `StrategyConfig` base class.
 
-A strategy's plan is `plan/strategies/<name>.py` (TF-free); its TensorFlow half is its
-section of `runtime/strategy_runtime.py`. The plan half is a strategy's *topology*: its
+A strategy is a pair of same-named modules: `plan/strategies/<name>.py` (TF-free) and
+`runtime/strategies/<name>.py` (TensorFlow). The plan half is a strategy's *topology*: its
 settings (the gin knobs), which cluster shapes it accepts (checked before TF starts), what
 each task type does under it (train, serve or evaluate), which peers a task must see before
 TF starts, which tasks compute steps, and what a launcher restarts when a task dies. The

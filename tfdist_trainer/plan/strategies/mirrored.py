@@ -1,6 +1,6 @@
 """mirrored: synchronous replicas in one process (all local GPUs, or N logical CPUs).
 
-The plan half of the strategy (TF-free); `runtime/strategy_runtime.py` builds it. Its
+The plan half of the strategy (TF-free); `runtime/strategies/mirrored.py` builds it. Its
 topology is the one-process default of `StrategyConfig`; only its settings are its own.
 """
 

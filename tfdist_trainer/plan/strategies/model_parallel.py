@@ -3,7 +3,7 @@
 The plan half of the strategy (TF-free): its settings, the plan parsed before TF starts
 (`plan/model_parallel_plan.py`) and its topology: one process, or with
 data_parallel='multi_worker_mirrored' that strategy's workers, each one replica.
-`runtime/strategy_runtime.py` builds it and places the model.
+`runtime/strategies/model_parallel.py` builds it and places the model.
 """
 
 from __future__ import annotations

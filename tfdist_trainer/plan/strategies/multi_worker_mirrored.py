@@ -1,6 +1,6 @@
 """multi_worker_mirrored: synchronous data parallelism over worker processes (all-reduce).
 
-The plan half of the strategy (TF-free); `runtime/strategy_runtime.py` builds
+The plan half of the strategy (TF-free); `runtime/strategies/multi_worker_mirrored.py` builds
 it. Its workers run in lock-step, so every one must see the others before TF starts, and one
 lost worker restarts them all. model_parallel's data_parallel mode borrows this topology.
 """

@@ -1,6 +1,6 @@
 """one_device: one device in one process, the first GPU if there is one, else the CPU.
 
-The plan half of the strategy (TF-free); `runtime/strategy_runtime.py` builds it. Every
+The plan half of the strategy (TF-free); `runtime/strategies/one_device.py` builds it. Every
 default of `StrategyConfig` is this strategy's: one process, no peers, nothing served.
 """
 

@@ -1,6 +1,6 @@
 """parameter_server: asynchronous training, variables on ps tasks, the chief schedules onto workers.
 
-The plan half of the strategy (TF-free); `runtime/strategy_runtime.py` builds it.
+The plan half of the strategy (TF-free); `runtime/strategies/parameter_server.py` builds it.
 The one strategy whose tasks serve: workers, ps and the tf.data dispatcher run until the
 chief ends, and a lost worker (or dispatcher) does not end the job.
 """

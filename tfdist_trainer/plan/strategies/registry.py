@@ -1,12 +1,14 @@
-"""The one list of strategies (`NAMES`), and where each strategy's plan lives.
+"""The one list of strategies (`NAMES`), and where each strategy's two halves live.
 
-A strategy's plan is a module named as the strategy and its gin file, found by its name:
+A strategy is a pair of same-named modules and a gin file, found by its name:
 
     plan/strategies/<name>.py          class <Name>(StrategyConfig), gin name <name> (TF-free)
+    runtime/strategies/<name>.py       class <Name>Runtime(StrategyRuntime) (TensorFlow)
     configs/strategies/<name>.gin      train.strategy = @<name> and its knobs
 
-(`<Name>` is `<name>` in CamelCase: multi_worker_mirrored -> MultiWorkerMirrored.) Its
-TensorFlow half is built by `runtime/strategy_runtime.py`.
+(`<Name>` is `<name>` in CamelCase: multi_worker_mirrored -> MultiWorkerMirrored.) The
+runtime's registry (`runtime/strategies/registry.py`) looks a strategy's runtime up by its
+name in `NAMES`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ NAMES: tuple[str, ...] = (
 
 def class_name(name: str) -> str:
     """The class of strategy `name` in its plan module (`multi_worker_mirrored` ->
-    `MultiWorkerMirrored`)."""
+    `MultiWorkerMirrored`); its runtime class adds `Runtime`."""
     return "".join(part.capitalize() for part in name.split("_"))
 
 

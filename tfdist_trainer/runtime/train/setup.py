@@ -17,10 +17,10 @@ from tfdist_trainer.errors import ClusterStalledError, ConfigError
 from tfdist_trainer.hooks import Hook
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
-from tfdist_trainer.runtime import apply_warm_start, loops, statistics, strategy_runtime
+from tfdist_trainer.runtime import apply_warm_start, loops, statistics, strategies
 from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.state import build_state, log_placement
-from tfdist_trainer.runtime.strategy_runtime import StrategyRuntime
+from tfdist_trainer.runtime.strategies import StrategyRuntime
 from tfdist_trainer.runtime.train import stall, task_hooks
 from tfdist_trainer.runtime.train.run_context import RunContext
 
@@ -66,8 +66,8 @@ def start_runtime(
     if experiment.seed is not None:
         keras.utils.set_random_seed(experiment.seed)
     try:
-        strategy_runtime.prepare_devices(config)
-        runtime = strategy_runtime.start(config, context=config.task_context(cluster, model_dir))
+        strategies.prepare_devices(config)
+        runtime = strategies.start(config, context=config.task_context(cluster, model_dir))
     # "cannot be modified after being initialized", "must be configured at startup"
     except RuntimeError as e:
         raise ConfigError(

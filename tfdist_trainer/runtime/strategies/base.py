@@ -1,0 +1,200 @@
+"""What every strategy's runtime shares: `StrategyRuntime`, the base of each `<Name>Runtime`.
+
+A strategy at run time is one class in `runtime/strategies/<name>.py`, the TensorFlow half of
+`plan/strategies/<name>.py`. Its two class methods build it, in two steps because devices
+must be configured before TensorFlow's runtime starts and the strategy only after:
+`prepare_devices(config)` (logical CPUs, GPU memory growth; most strategies need none) and
+`start(config, context=...)` (the `tf.distribute.Strategy` and what it needs, TF_CONFIG
+already in the environment). The instance then answers every question that depends on the
+strategy, as a one-line question or one method: which loop runs the steps
+(`make_train_loop`), how synchronous workers agree (`max_over_workers`), whether a
+checkpoint spans tasks (`spans_tasks`), whether XLA can compile the step
+(`check_jit_compile`). The defaults here are a synchronous strategy's; a runtime overrides
+what differs (model_parallel places the model and builds its own step).
+
+`start` builds one runtime holding everything it needs (the strategy, the coordinator, the
+task's context, model_parallel's devices), so nothing depends on having called another
+method first, except that a model must be prepared before its step is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.plan.cluster import WORKER, ClusterConfig
+from tfdist_trainer.plan.experiment import Experiment
+from tfdist_trainer.plan.strategies import StrategyConfig
+from tfdist_trainer.plan.task import TaskContext
+from tfdist_trainer.runtime import loops, whole_tables
+from tfdist_trainer.runtime.loops import accumulate
+
+
+def available_gpus() -> list:
+    """This process's physical GPUs: the strategies that use GPUs when there are any ask it."""
+    return tf.config.list_physical_devices("GPU")
+
+
+class StrategyRuntime:
+    """One task's strategy, built by `start`, and what the state and the loops need from it.
+
+    Attributes:
+      config: the gin strategy (settings and topology).
+      strategy: the `tf.distribute.Strategy`.
+      coordinator: a `ClusterCoordinator` where the chief schedules work (parameter_server); else None.
+      context: the task (model_dir, role...); None for a library user outside a run.
+    """
+
+    def __init__(
+        self,
+        config: StrategyConfig,
+        strategy: tf.distribute.Strategy,
+        *,
+        coordinator: Any = None,
+        context: TaskContext | None = None,
+    ):
+        self.config = config
+        self.strategy = strategy
+        self.coordinator = coordinator
+        self.context = context
+
+    # -- building it: one pair of class methods a strategy --------------------------------
+
+    @classmethod
+    def prepare_devices(cls, config: StrategyConfig) -> None:
+        """Device set-up that must happen before the TF runtime starts (mirrored's logical CPUs,
+        model_parallel's devices); most strategies need none."""
+
+    @classmethod
+    def start(
+        cls, config: StrategyConfig, *, context: TaskContext | None = None
+    ) -> StrategyRuntime:
+        """Builds the strategy of `config` (TF_CONFIG is already in the environment) and its runtime."""
+        raise NotImplementedError(f"{cls.__name__} does not say how to start {config.name}.")
+
+    @property
+    def is_chief(self) -> bool:
+        return self.context is None or self.context.is_chief
+
+    @property
+    def schedules(self) -> bool:
+        """Whether the chief schedules step loops onto workers (parameter_server) instead of running them."""
+        return self.coordinator is not None
+
+    @property
+    def spans_tasks(self) -> bool:
+        """Whether a checkpoint holds variables of other tasks (parameter_server: the ps tasks')."""
+        return self.coordinator is not None
+
+    def max_over_workers(self, cluster: ClusterConfig) -> Callable[[int], int] | None:
+        """An int -> int maximum over every synchronous worker (a collective); None without peers.
+
+        Synchronous workers must take every decision together (stop, save, the loop size),
+        or one would wait in a collective the others never join.
+        """
+        if self.schedules or cluster.is_local:
+            return None
+        strategy = self.strategy
+
+        @tf.function
+        def max_over_workers(value):
+            votes = strategy.run(lambda: tf.reshape(value, [1]))
+            return tf.reduce_max(strategy.gather(votes, axis=0))  # ReduceOp has no MAX
+
+        return lambda value: int(max_over_workers(tf.constant(value, tf.int64)))
+
+    def check_jit_compile(self, jit_compile: bool) -> None:
+        """XLA puts a step on one device: refuse it where the variables live on several of one process."""
+        replicas_on_cpus = self.strategy.num_replicas_in_sync > 1 and all(
+            "CPU" in d.upper() for d in self.strategy.extended.worker_devices
+        )
+        if jit_compile and (not self.config.supports_jit_compile or replicas_on_cpus):
+            raise ConfigError(
+                f"train.jit_compile=True cannot run {self.config.name} over several devices of one "
+                f"process: XLA puts every step on one device, away from variables on the others; use "
+                f"it with one_device, or mirrored / multi_worker_mirrored on GPUs."
+            )
+
+    def make_train_loop(
+        self,
+        trainer: Any,
+        global_step: tf.Variable,
+        experiment: Experiment,
+        cluster: ClusterConfig,
+        *,
+        agree: Callable[[int], int] | None = None,
+    ) -> Any:
+        """The loop that runs this task's training steps: in the task, or scheduled onto workers."""
+        steps_per_loop = experiment.steps_per_loop
+        if experiment.auto_steps_per_loop:
+            initial = min(8, experiment.steps_per_loop)
+            hook_stops = (
+                experiment.log_every_n_steps,
+                experiment.eval_every_n_steps,
+                experiment.checkpoint_every_n_steps,
+            )
+            steps_per_loop = loops.StepsPerLoopTuner(
+                initial=initial,
+                maximum=loops.search_maximum(
+                    initial, experiment.train_steps, min(n for n in hook_stops if n)
+                ),
+                agree=agree,
+            )
+        k = experiment.gradient_accumulation_steps
+        step_fn = self.train_step_fn(trainer) if k == 1 else self.accumulating_step_fn(trainer, k)
+        distributed = self.schedules or self.strategy.num_replicas_in_sync > 1
+        if cluster.is_chief and distributed and experiment.whole_table_warning_bytes is not None:
+            step_fn = whole_tables.warn_whole_reads(
+                step_fn, trainer, experiment.whole_table_warning_bytes, self.config.name
+            )
+        common = dict(jit_compile=experiment.jit_compile, step_fn=step_fn, batches_per_step=k)
+        if not self.schedules:
+            return loops.TrainLoop(self.strategy, trainer, global_step, steps_per_loop, **common)
+        return loops.ScheduledTrainLoop(
+            self.strategy,
+            self.coordinator,
+            trainer,
+            global_step,
+            steps_per_loop,
+            **common,
+            num_workers=cluster.num_tasks(WORKER),
+            stall_timeout_s=self.config.stall_timeout_s,
+            worker_addresses=[t.address for t in cluster.tasks((WORKER,))],
+            dispatcher_address=cluster.dispatcher_address,
+        )
+
+    #: Whether the model must be called once eagerly after `prepare_model`, even when it is built
+    #: already (model_parallel records the order its layers run in from that call).
+    calls_model_once = False
+
+    def prepare_model(self, model: Any) -> Any:
+        """Called on the user's model before it is built (model_parallel wraps its layers here)."""
+        return model
+
+    def model_built(self, model: Any) -> None:
+        """Called once the model is built and has been called, before the optimizer creates its slots
+        (model_parallel chooses 'auto' stages and moves variables to their devices here)."""
+
+    def state_built(self, trainer: Any) -> None:
+        """Called once model, optimizer and metrics exist (model_parallel reports its placement here)."""
+
+    def train_step_fn(self, trainer: Any) -> Any:
+        """The per-replica step the loop runs (model_parallel may pipeline it over micro-batches)."""
+        return trainer.train_step
+
+    def gradients_fn(self, trainer: Any) -> Any:
+        """batch -> (loss, gradients), train metrics updated: one pass of an accumulated update."""
+        return trainer.compute_gradients
+
+    def accumulating_step_fn(self, trainer: Any, k: int) -> Any:
+        """The per-replica step of `train.gradient_accumulation_steps = k`: k batches, one update."""
+        if trainer.overrides("train_step"):
+            raise ConfigError(
+                f"train.gradient_accumulation_steps={k} needs Trainer.compute_gradients, but "
+                f"{type(trainer).__name__} overrides train_step; override compute_gradients (and "
+                f"apply_gradients) instead, or set train.gradient_accumulation_steps = 1."
+            )
+        return accumulate.accumulating_step(self.gradients_fn(trainer), trainer.apply_gradients, k)
