@@ -118,13 +118,7 @@ def test_strategies_hold_topology_only_and_the_runtime_builds_each_one():
     from tfdist_trainer.plan import strategies
     from tfdist_trainer.runtime import strategies as runtime_strategies
 
-    configs = [
-        strategies.OneDevice(),
-        strategies.Mirrored(),
-        strategies.MultiWorkerMirrored(),
-        strategies.ParameterServer(),
-        strategies.ModelParallel(),
-    ]
+    configs = [strategies.config_class(name)() for name in strategies.NAMES]
     runtime_members = (
         "create",
         "prepare_devices",

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 import clusterlib
 from clusterlib import REPO, launch_cmd, read_records, strategy_gin
 
+from tfdist_trainer.plan.strategies import NAMES
+
 # keras_hub_*: models nobody here wrote (recipes/keras_hub: keras-hub's GPT-2 causal LM with its
 # tied head, and a BERT classifier, built from config), 2 blocks of width 128.
 # keras_rs_dlrm: a DLRM / DCN-v2 written with keras-rs, its tables through sharding.from_keras_rs.
@@ -30,13 +32,7 @@ MODELS = (
     "keras_hub_bert",
     "keras_rs_dlrm",
 )
-STRATEGIES = (
-    "one_device",
-    "mirrored",
-    "multi_worker_mirrored",
-    "parameter_server",
-    "model_parallel",
-)
+STRATEGIES = NAMES  # every strategy
 STEPS_PER_LOOP = ("10", "'auto'", "1")
 TRAIN_STEPS = 30  # configs/zoo/*.gin: three progress records (every 10 steps)
 # One zoo run in bfloat16 compute: BatchNorm and convolutions under mixed precision.

@@ -16,7 +16,7 @@ from absl import app, flags, logging
 from tfdist_trainer import errors
 from tfdist_trainer.errors import EXIT_CONFIG
 from tfdist_trainer.io import markers
-from tfdist_trainer.plan.strategies import Action
+from tfdist_trainer.plan.strategies import Action, help_text
 
 FLAGS = flags.FLAGS
 
@@ -103,10 +103,11 @@ flags.DEFINE_boolean(
 
 
 #: `tfdist-train --help`: the flags above, grouped (a flag in no group is listed under "other").
-HELP_USAGE = """usage: tfdist-train --gin_file=... [--gin_bindings=...] --model_dir=... [cluster flags]
+HELP_USAGE = f"""usage: tfdist-train --gin_file=... [--gin_bindings=...] --model_dir=... [cluster flags]
 
 One task of a cluster; every task runs the same command. The cluster comes from TF_CONFIG
-(Kubernetes, Kubeflow) or from the classic flags; a lone process needs neither."""
+(Kubernetes, Kubeflow) or from the classic flags; a lone process needs neither.
+{help_text()}"""
 HELP_GROUPS = (
     (
         "what to run",

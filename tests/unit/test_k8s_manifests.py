@@ -31,12 +31,8 @@ TRAIN_ARGS = [
 ]
 
 
-STRATEGIES = {
-    "parameter_server": strategies.ParameterServer(),
-    "multi_worker_mirrored": strategies.MultiWorkerMirrored(),
-    "one_device": strategies.OneDevice(),
-    "mirrored": strategies.Mirrored(),
-}
+#: Every strategy with its defaults: the manifests of each one are checked.
+STRATEGIES = {name: strategies.config_class(name)() for name in strategies.NAMES}
 
 
 def manifest_settings(strategy: str, **kwargs) -> dict:

@@ -23,9 +23,8 @@ from k8s_validate import SCHEMA_DIR, kinds, transform, validate
 from test_k8s_manifests import STRATEGIES, TRAIN_ARGS, pod_templates
 
 from tfdist_trainer.launch import k8s
-from tfdist_trainer.plan import strategies
 
-CONFIGS = {**STRATEGIES, "model_parallel": strategies.ModelParallel()}
+CONFIGS = STRATEGIES
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 RESTART_POLICIES = ("Never", "OnFailure", "ExitCode")
 OPTIONS = {

@@ -13,6 +13,7 @@ from tfdist_trainer.launch.k8s.job import (
     DEFAULT_RESTART_POLICY,
     DEFAULT_WORKDIR,
 )
+from tfdist_trainer.plan.strategies import help_text
 
 FLAGS = flags.FLAGS
 
@@ -169,10 +170,11 @@ FORWARDED_FLAGS = (
 )
 
 #: `tfdist-launch --help`: the flags above, grouped (a flag in no group is listed under "other").
-HELP_USAGE = """usage: tfdist-launch [flags] -- [tfdist-train flags: --gin_file=... --model_dir=...]
+HELP_USAGE = f"""usage: tfdist-launch [flags] -- [tfdist-train flags: --gin_file=... --model_dir=...]
 
 A whole cluster on this machine, one process per task; the strategy in the gin files decides
-which tasks. Everything after '--' goes to every task (tfdist-train --help lists it)."""
+which tasks. Everything after '--' goes to every task (tfdist-train --help lists it).
+{help_text()}"""
 HELP_GROUPS = (
     (
         "the cluster",

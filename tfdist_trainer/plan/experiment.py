@@ -24,7 +24,7 @@ class Experiment:
 
     Args:
       trainer_cls: the user's Trainer subclass.
-      strategy: one of @one_device, @mirrored, @multi_worker_mirrored, @parameter_server.
+      strategy: a strategy by its gin name, e.g. @mirrored (one of `plan/strategies/registry.NAMES`).
       train_steps: the global step at which training stops (exact under every strategy).
       steps_per_loop: steps per `tf.function` call (or per scheduled closure); None takes the
         strategy's default; 'auto' tunes it from measured throughput (up to the distance between

@@ -17,7 +17,12 @@ from tfdist_trainer.plan.strategies.model_parallel import ModelParallel
 from tfdist_trainer.plan.strategies.multi_worker_mirrored import MultiWorkerMirrored
 from tfdist_trainer.plan.strategies.one_device import OneDevice
 from tfdist_trainer.plan.strategies.parameter_server import ParameterServer
-from tfdist_trainer.plan.strategies.registry import NAMES, as_strategy_config, config_class
+from tfdist_trainer.plan.strategies.registry import (
+    NAMES,
+    as_strategy_config,
+    config_class,
+    help_text,
+)
 
 # A strategy added to NAMES alone (no import above) still registers its gin name here.
 for _name in NAMES:
@@ -35,4 +40,5 @@ __all__ = [
     "StrategyConfig",
     "as_strategy_config",
     "config_class",
+    "help_text",
 ]

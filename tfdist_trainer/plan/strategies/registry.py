@@ -14,6 +14,7 @@ name in `NAMES`.
 from __future__ import annotations
 
 import importlib
+import textwrap
 from typing import Any
 
 from tfdist_trainer.errors import ConfigError
@@ -41,6 +42,15 @@ def config_class(name: str) -> type[StrategyConfig]:
         raise ConfigError(f"there is no strategy {name!r}; the strategies are {', '.join(NAMES)}.")
     module = importlib.import_module(f"{__package__}.{name}")
     return getattr(module, class_name(name))
+
+
+def help_text(width: int = 92) -> str:
+    """How `--help` says a strategy is picked, naming every strategy (`tfdist-train`, `tfdist-launch`)."""
+    return textwrap.fill(
+        f"The strategy is one gin file, strategies/<name>.gin, where <name> is one of "
+        f"{', '.join(NAMES)}.",
+        width,
+    )
 
 
 def as_strategy_config(value: Any) -> StrategyConfig:
