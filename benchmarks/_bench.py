@@ -394,11 +394,19 @@ class LocalCluster:
                     pass
 
 
-def launched_job_steps_per_s(
-    variant: str, cmd: list[str], model_dir: str, warmup_steps: int, timeout_s: float
-) -> float:
-    """Runs one `tfdist-launch` job (`cmd`) to its end; its steps/s between its first and last
-    train records at or past `warmup_steps` (model_dir/metrics.jsonl)."""
+def launch_command(
+    launch_flags: list[str], model_dir: str, gin_files: list[str], bindings: list[str]
+) -> list[str]:
+    """``tfdist-launch <launch_flags> -- ...`` of a job: its model_dir, the repository's gin files
+    (paths under configs/) and gin bindings."""
+    cmd = [sys.executable, "-m", "tfdist_trainer.launch.main", *launch_flags, "--"]
+    cmd += [f"--model_dir={model_dir}"]
+    cmd += [f"--gin_file={REPO}/configs/{g}" for g in gin_files]
+    return cmd + [f"--gin_bindings={b}" for b in bindings]
+
+
+def launched_job_records(variant: str, cmd: list[str], model_dir: str, timeout_s: float) -> list:
+    """Runs one `tfdist-launch` job (`cmd`) to its end; its records (model_dir/metrics.jsonl)."""
     from tfdist_trainer.io.records import read_records
 
     job = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
@@ -406,11 +414,24 @@ def launched_job_steps_per_s(
         raise RuntimeError(
             f"{variant} job exited {job.returncode}:\n{(job.stdout + job.stderr)[-3000:]}"
         )
-    records = read_records(os.path.join(model_dir, "metrics.jsonl"))
+    return read_records(os.path.join(model_dir, "metrics.jsonl"))
+
+
+def records_steps_per_s(records: list, warmup_steps: int, where: str) -> float:
+    """Steps/s between the first and last train records at or past `warmup_steps`."""
     train = [r for r in records if r.get("kind") == "train" and r["step"] >= warmup_steps]
     if len(train) < 2:
-        raise RuntimeError(f"too few train records past step {warmup_steps} in {model_dir}")
+        raise RuntimeError(f"too few train records past step {warmup_steps} in {where}")
     return (train[-1]["step"] - train[0]["step"]) / (train[-1]["time"] - train[0]["time"])
+
+
+def launched_job_steps_per_s(
+    variant: str, cmd: list[str], model_dir: str, warmup_steps: int, timeout_s: float
+) -> float:
+    """Runs one `tfdist-launch` job (`cmd`) to its end; its steps/s between its first and last
+    train records at or past `warmup_steps` (model_dir/metrics.jsonl)."""
+    records = launched_job_records(variant, cmd, model_dir, timeout_s)
+    return records_steps_per_s(records, warmup_steps, model_dir)
 
 
 # -- statistics, environment, figures ----------------------------------------------------------------
@@ -430,6 +451,14 @@ def summarize(times_s, steps: int) -> dict[str, Any]:
         "steps_per_s": steps / med,
         "steps_per_s_min": steps / max(times),
         "steps_per_s_max": steps / min(times),
+    }
+
+
+def rate_results(speeds: dict[str, list[float]], unit: str = "steps_per_s") -> dict[str, dict]:
+    """Each variant's repeated rates as median, min, max and the runs (`rate_cells` reads them)."""
+    return {
+        name: {unit: statistics.median(s), f"{unit}_min": min(s), f"{unit}_max": max(s), "runs": s}
+        for name, s in speeds.items()
     }
 
 
@@ -521,12 +550,9 @@ def figure(name, value, unit, baseline, ratio, label, reps, spread=None, target=
 # -- the report and the JSON -------------------------------------------------------------------------
 
 
-def rate_cells(r: dict, fmt: str = ".1f") -> list[str]:
-    """steps/s median and min..max, for a table row."""
-    return [
-        f"{r['steps_per_s']:{fmt}}",
-        f"{r['steps_per_s_min']:{fmt}}..{r['steps_per_s_max']:{fmt}}",
-    ]
+def rate_cells(r: dict, fmt: str = ".1f", unit: str = "steps_per_s") -> list[str]:
+    """A rate's median and min..max (steps/s, or the `unit` of `rate_results`), for a table row."""
+    return [f"{r[unit]:{fmt}}", f"{r[f'{unit}_min']:{fmt}}..{r[f'{unit}_max']:{fmt}}"]
 
 
 RATE_COLUMNS = ["steps/s", "min..max"]

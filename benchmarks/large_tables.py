@@ -13,8 +13,6 @@ same cores (before its lookups read only the batch's rows: 0.02-0.1x).
 from __future__ import annotations
 
 import os
-import statistics
-import sys
 import tempfile
 
 from benchmarks import _bench
@@ -82,12 +80,6 @@ def vocab_sizes(max_rows: int) -> list[int]:
 
 def job_steps_per_s(args, variant: str, model_dir: str) -> float:
     launch_flags, strategy = VARIANTS[variant]
-    cmd = [sys.executable, "-m", "tfdist_trainer.launch.main", *launch_flags, "--"]
-    cmd += [
-        f"--model_dir={model_dir}",
-        f"--gin_file={_bench.REPO}/configs/sharded_embedding/100m.gin",
-        f"--gin_file={_bench.REPO}/configs/strategies/{strategy}.gin",
-    ]
     bindings = [
         f"ClickTrainer.vocab_sizes={vocab_sizes(args.max_rows)}",
         f"ClickTrainer.embedding_dim={args.embedding_dim}",
@@ -97,7 +89,8 @@ def job_steps_per_s(args, variant: str, model_dir: str) -> float:
         "train.eval_every_n_steps=None",
         "train.checkpoint_every_n_steps=None",
     ]
-    cmd += [f"--gin_bindings={b}" for b in bindings]
+    gin_files = ["sharded_embedding/100m.gin", f"strategies/{strategy}.gin"]
+    cmd = _bench.launch_command(launch_flags, model_dir, gin_files, bindings)
     return _bench.launched_job_steps_per_s(
         variant, cmd, model_dir, args.warmup_steps, args.timeout_s
     )
@@ -114,15 +107,7 @@ def run(args):
                 speed = job_steps_per_s(args, v, os.path.join(work_dir, f"{v}{rep}"))
                 print(f"[bench] {v} repetition {rep + 1}: {speed:.2f} steps/s", flush=True)
                 speeds[v].append(speed)
-    results = {
-        v: {
-            "steps_per_s": statistics.median(s),
-            "steps_per_s_min": min(s),
-            "steps_per_s_max": max(s),
-            "runs": s,
-        }
-        for v, s in speeds.items()
-    }
+    results = _bench.rate_results(speeds)
     figures = []
     for v in chosen:
         ratios = _bench.ratio_spread(speeds[v], speeds[BASELINE])

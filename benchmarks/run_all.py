@@ -30,6 +30,7 @@ BENCHMARKS = (  # in the order they run: one process first, then the clusters
     "ps_vs_tf_keras",  # parameter_server Trainer vs tf-keras 2 fit under PSS (separate venv)
     "data_service",  # parameter_server input through the tf.data service vs static shards
     "large_tables",  # the click model's tables: each strategy's steps/s vs one_device
+    "dynamic_tables",  # tables that grow vs fixed bucket-hashed tables: examples/s, AUC
 )
 TVB = "trainer_vs_baselines"
 ISSUE_11_TARGETS = {  # key: (benchmark, what, target)

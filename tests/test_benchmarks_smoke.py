@@ -5,7 +5,7 @@ tools read. --smoke starts a benchmark's variant processes all at once (almost a
 run is TensorFlow starting). run_all smoke-runs trainer_vs_baselines, steps_per_loop_auto and
 mirrored_vs_one_device; model_parallel and data_service run below; ps_vs_tf_keras and
 mnist_time_to_accuracy in tests/test_bench_*.py; large_tables (one_device and
-multi_worker_mirrored) below.
+multi_worker_mirrored) and dynamic_tables (fixed and dynamic tables, one_device) below.
 """
 
 from __future__ import annotations
@@ -159,3 +159,18 @@ def test_large_tables_smoke_compares_strategies_with_one_device_in_the_same_run(
     assert figure["target"] == ">= 0.5"
     assert figure["ratio"] == payload["results"]["multi_worker_mirrored"]["ratio_to_one_device"]
     assert "x one_device" in stdout
+
+
+def test_dynamic_tables_smoke_compares_with_fixed_tables_in_the_same_run(tmp_path):
+    out = str(tmp_path / "bench")
+    stdout = run_smoke("benchmarks.dynamic_tables", out, timeout=240)
+    payload = load(out, "dynamic_tables")
+    assert payload["baseline"] == "fixed"
+    assert set(payload["results"]) == {"one_device/fixed", "one_device/dynamic"}
+    assert all(r["examples_per_s"] > 0 and 0 < r["auc"] < 1 for r in payload["results"].values())
+    dynamic = payload["results"]["one_device/dynamic"]
+    assert 0 < dynamic["tables"]["rows_in_use"] <= dynamic["tables"]["admitted"], dynamic
+    speed, auc = check_figures(payload, at_least=2)
+    assert speed["target"] == ">= 0.7" and speed["ratio"] == dynamic["ratio_to_fixed"]
+    assert auc["unit"] == "AUC" and auc["value"] == dynamic["auc"]
+    assert "x fixed" in stdout

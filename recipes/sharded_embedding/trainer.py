@@ -13,6 +13,10 @@ directory (default: ``--model_dir``); with ``ClickTrainer.step_report = True``
 it also writes ``step_graph.json``, which says how the traced training step
 touches the tables (sparse gathers/scatters only, no op of a whole table's
 shape).
+
+Raw ids (``id_space='open'``: 64-bit ids of any value; ``key_dtype='string'``: strings, e.g.
+Criteo's hex values as they are) are keys of dynamic tables (``dynamic_capacity``), or, for
+fixed tables, hashed into each table's rows first (`BucketHash`: a fingerprint mod the rows).
 """
 
 from __future__ import annotations
@@ -28,6 +32,27 @@ from absl import logging
 from recipes.sharded_embedding import data as click_data
 from tfdist_trainer import Trainer, sharding, variables
 from tfdist_trainer.io import storage
+
+
+class BucketHash(keras.layers.Layer):
+    """Raw ids (int64 of any value, or strings) -> rows of a fixed table of `num_buckets` rows:
+    their 64-bit FarmHash fingerprint (`tf.fingerprint`, stable across platforms) mod the rows.
+    Distinct ids may share a row (collisions): what dynamic tables avoid."""
+
+    def __init__(self, num_buckets: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_buckets = int(num_buckets)
+
+    def call(self, ids):
+        fingerprints = tf.bitcast(tf.fingerprint(tf.reshape(ids, [-1])), tf.int64)
+        rows = tf.math.floormod(fingerprints, tf.constant(self.num_buckets, tf.int64))
+        return tf.reshape(rows, tf.shape(ids))
+
+    def compute_output_spec(self, ids):
+        return keras.KerasTensor(ids.shape, dtype="int64")
+
+    def get_config(self):
+        return {**super().get_config(), "num_buckets": self.num_buckets}
 
 
 def _per_feature(name: str, value: Any, count: int) -> list:
@@ -56,15 +81,20 @@ class ClickTrainer(Trainer):
       learning_rate: the optimizer's learning rate.
       num_dense: dense features (13 for Criteo).
       data_source: 'synthetic' or 'criteo'.
+      id_space: the synthetic ids: 'fixed' (below vocab_sizes) or 'open' (raw 64-bit ids, a
+        Zipf-like head of vocab_sizes[f] ids and a tail of new ids; `data.SyntheticClicks`).
+      key_dtype: the categorical input: 'int64', or 'string' (raw keys: Criteo's hex strings as
+        they are, synthetic ids as 16 hex digits).
       criteo_train_files / criteo_eval_files: glob patterns of Criteo TSV files.
       synthetic_seed: fixes the hidden click model of the synthetic data.
       eval_batches: synthetic evaluation batches (fixed examples, the same in every run).
       report_dir: where placement.json / step_graph.json go; None: the run's model_dir
         (`self.context`; none outside a run).
       step_report: also write step_graph.json when the training step is traced.
-      dynamic_capacity: rows per shard of dynamic tables (`sharding.DynamicEmbedding`): each id
-        gets its own row (no vocabulary: ids are keys, not row numbers); None: fixed
-        `ShardedEmbedding` tables of `vocab_sizes` rows.
+      dynamic_capacity: rows of each dynamic table (`sharding.DynamicEmbedding`; over all its
+        shards), one value or one per feature: each id gets its own row (no vocabulary: ids are
+        keys, not row numbers); None: fixed `ShardedEmbedding` tables of `vocab_sizes` rows (raw
+        ids, open or strings, hashed into them by `BucketHash`).
       min_count: with dynamic tables, sightings before an id gets its own row.
       max_age_steps: with dynamic tables, rows not seen for that many steps are freed.
       global_batch_size, eval_batch_size: Trainer's; None: its gin bindings
@@ -83,13 +113,15 @@ class ClickTrainer(Trainer):
         learning_rate: float = 0.05,
         num_dense: int = click_data.CRITEO_NUM_DENSE,
         data_source: str = "synthetic",
+        id_space: str = "fixed",
+        key_dtype: str = "int64",
         criteo_train_files: str | None = None,
         criteo_eval_files: str | None = None,
         synthetic_seed: int = 0,
         eval_batches: int = 20,
         report_dir: str | None = None,
         step_report: bool = False,
-        dynamic_capacity: int | None = None,
+        dynamic_capacity: int | Sequence[int] | None = None,
         min_count: int = 1,
         max_age_steps: int | None = None,
         global_batch_size: int | None = None,
@@ -104,6 +136,11 @@ class ClickTrainer(Trainer):
         if optimizer not in ("adagrad", "sgd"):
             raise ValueError(
                 f"ClickTrainer.optimizer must be 'adagrad' or 'sgd', got {optimizer!r}."
+            )
+        if id_space not in click_data.ID_SPACES or key_dtype not in click_data.KEY_DTYPES:
+            raise ValueError(
+                f"ClickTrainer.id_space must be 'fixed' or 'open' and ClickTrainer.key_dtype "
+                f"'int64' or 'string', got {id_space!r} and {key_dtype!r}."
             )
         self.vocab_sizes = [int(v) for v in vocab_sizes]
         count = len(self.vocab_sizes)
@@ -126,11 +163,21 @@ class ClickTrainer(Trainer):
         self.eval_batches = eval_batches
         self.report_dir = report_dir
         self.step_report = step_report
-        self.dynamic_capacity = dynamic_capacity
+        self.dynamic_capacity = (
+            None
+            if dynamic_capacity is None
+            else _per_feature("dynamic_capacity", dynamic_capacity, count)
+        )
+        self.id_space = id_space
+        self.key_dtype = key_dtype
         self.min_count = min_count
         self.max_age_steps = max_age_steps
         self.synthetic = click_data.SyntheticClicks(
-            self.vocab_sizes, num_dense=num_dense, seed=synthetic_seed
+            self.vocab_sizes,
+            num_dense=num_dense,
+            seed=synthetic_seed,
+            id_space=id_space,
+            key_dtype=key_dtype,
         )
         self._asynchronous_workers = False
         self._step_report_written = False
@@ -162,13 +209,16 @@ class ClickTrainer(Trainer):
 
             dense_in = keras.Input((self.num_dense,), name="dense")
             categorical_in = keras.Input(
-                (len(self.vocab_sizes),), dtype="int64", name="categorical"
+                (len(self.vocab_sizes),), dtype=self.key_dtype, name="categorical"
             )
             wide_terms, deep_terms = [dense_linear(dense_in)], [dense_bottom(dense_in)]
             for f, (vocab, dim, shards) in enumerate(
                 zip(self.vocab_sizes, self.embedding_dims, self.num_shards)
             ):
-                rows = self._table(f, vocab, dim, shards)(categorical_in[:, f])
+                ids = categorical_in[:, f]
+                if self.dynamic_capacity is None and self._raw_ids():
+                    ids = BucketHash(vocab, name=f"bucket_hash_{f}")(ids)
+                rows = self._table(f, vocab, dim, shards)(ids)
                 wide_terms.append(rows[:, :1])  # the feature's wide (linear) weight
                 deep_terms.append(rows[:, 1:])  # its deep embedding
             x = keras.layers.Concatenate(name="deep_concat")(deep_terms)
@@ -183,13 +233,14 @@ class ClickTrainer(Trainer):
         return model
 
     def _table(self, f: int, vocab: int, dim: int, shards: int | None) -> keras.layers.Layer:
-        """Feature f's table: fixed rows (ids < vocab), or dynamic (any int64 id is a key)."""
+        """Feature f's table: fixed rows (ids < vocab), or dynamic (any int64 id or string is a key)."""
         initializer = keras.initializers.RandomUniform(-0.01, 0.01)
         if self.dynamic_capacity is not None:
             return sharding.DynamicEmbedding(
                 1 + dim,
-                self.dynamic_capacity,
+                self.dynamic_capacity[f],
                 num_shards=shards,
+                key_dtype=self.key_dtype,
                 min_count=self.min_count,
                 max_age_steps=self.max_age_steps,
                 embeddings_initializer=initializer,
@@ -202,6 +253,12 @@ class ClickTrainer(Trainer):
             partition_strategy=self.partition_strategy,
             embeddings_initializer=initializer,
             name=f"table_{f}",
+        )
+
+    def _raw_ids(self) -> bool:
+        """Whether the categorical inputs are raw ids (not row numbers below vocab_sizes)."""
+        return self.key_dtype == "string" or (
+            self.data_source == "synthetic" and self.id_space == "open"
         )
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
@@ -225,6 +282,7 @@ class ClickTrainer(Trainer):
                 self.vocab_sizes,
                 num_dense=self.num_dense,
                 input_context=input_context,
+                key_dtype=self.key_dtype,
             )
         first = 0
         if self._asynchronous_workers:
@@ -254,8 +312,10 @@ class ClickTrainer(Trainer):
                 self.vocab_sizes,
                 num_dense=self.num_dense,
                 training=False,
+                key_dtype=self.key_dtype,
             )
-        # Far from every training stream; the same examples in every run.
+        # Far from every training stream; the same examples in every run (with id_space='open':
+        # the same head, and tail ids no training batch drew, as on the next day of a log).
         return self.synthetic.dataset(
             self.eval_batch_size, first_batch=1 << 50, num_batches=self.eval_batches
         )
