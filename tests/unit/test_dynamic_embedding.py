@@ -414,3 +414,22 @@ def test_a_model_trained_on_two_shards_serves_raw_keys_from_a_clean_process(tmp_
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
     assert np.abs(expected[:700] - expected[700:].mean()).max() > 1e-3  # the rows were trained
     assert "LookupTableFindV2" in ops and "Fingerprint" in ops
+
+
+@pytest.mark.parametrize("min_count", [1, 2])
+def test_a_long_run_of_new_keys_keeps_the_hash_tables_usable(min_count):
+    # TF's DenseHashTable never frees a removed key's bucket by itself: without the rebuilds, a
+    # stream of evictions (min_count=1) or forgotten candidates (2) used up the empty buckets and
+    # a lookup failed ("Internal error in MutableDenseHashTable lookup") after a few hundred steps.
+    layer = _layer(capacity=64, min_count=min_count)
+    shard = layer.shards[0]
+    step = tf.function(lambda keys: layer(keys, training=True))
+    rng = np.random.default_rng(0)
+    for _ in range(600):
+        step(tf.constant(np.concatenate([rng.integers(0, 16, 16), rng.integers(1, 2**62, 24)])))
+    for table in filter(None, [shard.table, shard.candidates]):
+        keys = table.export()[0].numpy().ravel()
+        assert (keys == -(2**63) + 1).sum() * 4 < keys.size  # deleted buckets: under a quarter
+    stats = _stats(layer)
+    assert stats["rows_in_use"] <= 64 and (stats["evicted"] > 1000 or min_count == 2)
+    assert all(_row(layer, k) >= 0 for k in range(16))  # the frequent keys keep their rows

@@ -19,6 +19,15 @@ a free row then never matter, so a checkpoint holds only the rows in use
 (and a restore onto other shards needs nothing else), and a fresh pool need
 not be drawn at all.
 
+Why the hash tables are rebuilt now and then: TF's `DenseHashTable` marks a
+removed key's bucket "deleted" and only an insert that probes it first reuses
+it, so under steady removals (evictions, admitted candidates) empty buckets
+run out, and a lookup of a missing key then probes every bucket and fails
+(measured: 64 buckets, at most 21 live keys, fails after 241 inserts). Each
+table counts its removals; once they reach a quarter of its buckets it is
+cleared and its live keys inserted again (O(buckets), amortised over those
+removals), so at least a quarter of the buckets stay empty.
+
 Costs: a training step does O(its keys) work on the shard; an eviction
 (shard full) selects its rows in O(capacity) and is amortised by freeing a
 chunk (`EVICTION_CHUNK` of the capacity) at once; the age sweep is
@@ -116,6 +125,12 @@ class DynamicTableShard(tf.Module):
             self.admitted = int64(0, "admitted")
             self.evicted = int64(0, "evicted")
             self.expired = int64(0, "expired")
+            # Removals from each hash table since it was last rebuilt (not checkpointed: a
+            # restore rebuilds the tables).
+            self.__dict__["_removals"] = {
+                "table": int64(0, "table_removals"),
+                "candidates": int64(0, "candidate_removals"),
+            }
             with self.on_device():
                 self.table = tf.lookup.experimental.DenseHashTable(
                     tf.int64,
@@ -207,6 +222,14 @@ class DynamicTableShard(tf.Module):
             return self._critical_section.execute(lambda: self._step(keys, counts))
 
     def _step(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+        # First, before this step reads them: rebuild a table worn by the removals of earlier steps.
+        upkeep = [self._rebuild_if_worn("table", MISSING)]
+        if self.candidates is not None:
+            upkeep.append(self._rebuild_if_worn("candidates", 0))
+        with tf.control_dependencies(_ops(upkeep)):
+            return self._steps_work(keys, counts)
+
+    def _steps_work(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
         effects: list = []
         clock = tf.convert_to_tensor(self.clock.assign_add(1))
         bad = reserved(keys)
@@ -272,7 +295,7 @@ class DynamicTableShard(tf.Module):
         admit = total >= self.min_count
         effects = [
             self.candidates.insert(tf.boolean_mask(keys, ~admit), tf.boolean_mask(total, ~admit)),
-            self.candidates.erase(tf.boolean_mask(keys, admit)),
+            self._remove("candidates", tf.boolean_mask(keys, admit)),
         ]
         with tf.control_dependencies(_ops(effects)):
             effects.append(
@@ -290,7 +313,7 @@ class DynamicTableShard(tf.Module):
         valid = keys > DELETED_KEY
         least = tf.reduce_min(tf.boolean_mask(counts, valid))
         forget = tf.boolean_mask(keys, valid & (counts <= least))
-        with tf.control_dependencies(_ops([self.candidates.erase(forget)])):
+        with tf.control_dependencies(_ops([self._remove("candidates", forget)])):
             return tf.size(forget, out_type=tf.int64)
 
     def _take(self, n: tf.Tensor) -> tuple[tf.Tensor, list]:
@@ -351,7 +374,7 @@ class DynamicTableShard(tf.Module):
         zeros = tf.zeros_like(rows)
         free = self.capacity - self.rows_in_use.read_value()
         effects = [
-            self.table.erase(keys),
+            self._remove("table", keys),
             self.row_key.scatter_update(tf.IndexedSlices(tf.fill([k], EMPTY_KEY), rows)),
             self.frequency.scatter_update(tf.IndexedSlices(zeros, rows)),
             self.last_seen.scatter_update(tf.IndexedSlices(zeros, rows)),
@@ -361,6 +384,49 @@ class DynamicTableShard(tf.Module):
             effects = [self.rows_in_use.assign_sub(k), counter.assign_add(k)]
         with tf.control_dependencies(_ops(effects)):
             return tf.identity(k)
+
+    # -- hash-table upkeep -------------------------------------------------------
+    def _remove(self, which: str, keys: tf.Tensor) -> tf.Tensor:
+        """Erases `keys` from the table `which` ('table' or 'candidates'), counting the removals."""
+        erased = getattr(self, which).erase(keys)
+        with tf.control_dependencies(_ops([erased])):
+            return self._removals[which].assign_add(tf.size(keys, out_type=tf.int64))
+
+    def _rebuild_if_worn(self, which: str, empty_value: int) -> tf.Tensor:
+        """Rebuilds the table `which` once its removals reach a quarter of its buckets (module doc)."""
+        table = getattr(self, which)
+
+        def rebuild():
+            keys, values = (tf.reshape(t, [-1]) for t in table.export())
+            live = keys > DELETED_KEY
+            return self._rebuild(
+                which, empty_value, tf.boolean_mask(keys, live), tf.boolean_mask(values, live)
+            )
+
+        buckets = tf.cast(tf.shape(table.export()[0])[0], tf.int64)
+        worn = self._removals[which].read_value() * 4 >= buckets
+        return tf.cond(worn, rebuild, lambda: tf.constant(0, tf.int64))
+
+    def _rebuild(self, which: str, empty_value: int, keys: tf.Tensor, values: tf.Tensor):
+        """Clears the table `which` (TF's import of an all-empty bucket array: no deleted buckets
+        left), then inserts `keys` -> `values`; its removal count starts again at 0."""
+        table = getattr(self, which)
+        # TF doubles the buckets itself on insert if more keys come than this load allows.
+        size = buckets(self.capacity if which == "table" else self.candidate_limit)
+        # Shaped like the table's own export ([buckets, 1] when run, of unknown rank when traced):
+        # what the import kernel and its shape function each accept (as in TF's own restore).
+        # Filled at run time from that shape, never a folded constant: the table keeps the
+        # imported buffers as its buckets and writes into them.
+        shape = tf.concat([[size], tf.shape(table.export()[0])[1:]], 0)
+        cleared = tf.raw_ops.LookupTableImportV2(
+            table_handle=table.resource_handle,
+            keys=tf.fill(shape, tf.constant(EMPTY_KEY, tf.int64)),
+            values=tf.fill(shape, tf.constant(empty_value, tf.int64)),
+        )
+        with tf.control_dependencies(_ops([cleared])):
+            inserted = table.insert(keys, values)
+        with tf.control_dependencies(_ops([inserted])):
+            return self._removals[which].assign(0)
 
     # -- checkpoints ---------------------------------------------------------------
     def export_state(self) -> dict[str, tf.Tensor]:
@@ -434,25 +500,14 @@ class DynamicTableShard(tf.Module):
                 getattr(self, name).assign(tf.reshape(state[name], []))
                 for name in ("clock", "admitted", "evicted", "expired")
             ]
-            effects.append(_replace_contents(self.table, keys, rows))
+            effects.append(self._rebuild("table", MISSING, keys, rows))
             if self.candidates is not None and "candidate_keys" in state:
                 keys, counts = state["candidate_keys"], state["candidate_counts"]
                 keep = tf.minimum(tf.size(keys), self.candidate_limit)
                 counts, order = tf.math.top_k(counts, k=keep)
                 keys = tf.gather(keys, order)
-                effects.append(_replace_contents(self.candidates, keys, counts))
+                effects.append(self._rebuild("candidates", 0, keys, counts))
             return effects
-
-
-def _replace_contents(table: Any, keys: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
-    """Empties `table`, then inserts `keys` -> `values`. (TF's import copies a bucket array as it
-    is laid out, so it cannot take a list of keys.)"""
-    old = tf.reshape(table.export()[0], [-1])
-    erased = table.erase(tf.boolean_mask(old, old > DELETED_KEY))
-    with tf.control_dependencies(_ops([erased])):
-        inserted = table.insert(keys, values)
-    with tf.control_dependencies(_ops([inserted])):
-        return table.size()
 
 
 def _ops(effects: list) -> list:
