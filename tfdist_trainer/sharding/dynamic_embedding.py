@@ -206,6 +206,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                     min_count=self.min_count,
                     max_age_steps=self.max_age_steps,
                     device=_table_device(device, strategy),
+                    concurrent=is_parameter_server(strategy),
                 )
             pool._tfdist_dynamic_shard = shard  # read by ReshardableOptimizerMixin (slot resets)
             for variable in [pool, *shard.state_variables()]:
