@@ -5,18 +5,7 @@ the batches used."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from clusterlib import (
-    REPO,
-    assert_one_error_line,
-    launch_cmd,
-    read_records,
-    run,
-    strategy_gin,
-    train_cmd,
-)
 from test_tf_compat import run_script
 
 pytestmark = pytest.mark.cluster
@@ -152,45 +141,3 @@ def test_two_workers_racing_on_new_keys_and_sparse_training_on_two_ps(tmp_path):
     assert train["last"] < 0.5 * train["first"], train
     assert train["changed"] == train["trained"], train  # only the rows the batches used moved
     assert sum(len(t) for t in train["trained"]) == 64
-
-
-DYNAMIC_TINY = f"--gin_file={REPO}/configs/sharded_embedding/dynamic_tiny.gin"
-
-
-def test_the_click_recipe_with_dynamic_tables_trains_under_parameter_server_and_counts_rows(
-    tmp_path,
-):
-    """tfdist-launch, chief + 2 workers + 2 ps: the train records carry each table's counters."""
-    model_dir = str(tmp_path / "model")
-    result = run(
-        launch_cmd(
-            ["--num_workers=2", "--num_ps=2"],
-            [DYNAMIC_TINY, strategy_gin("parameter_server"), f"--model_dir={model_dir}"],
-        ),
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-6000:]
-    train = [r for r in read_records(model_dir) if r["kind"] == "train"]
-    assert train[-1]["step"] == 60, train
-    last = train[-1]
-    # table_5 draws ids below 100: every id seen twice has its own row, nothing evicted.
-    assert 0 < last["table_5/rows_in_use"] <= 100, last
-    assert (
-        last["table_5/shard_0/rows_in_use"] + last["table_5/shard_1/rows_in_use"]
-        == (last["table_5/rows_in_use"])
-    )
-    # table_0 draws ids below 4,000 into 2 x 512 rows: full shards evict their rarest rows.
-    assert last["table_0/evicted"] > 0, last
-    assert last["table_0/rows_in_use"] <= 1024 < last["table_0/admitted"], last
-    # All tables' totals on the progress line, the tables and shards in the records.
-    assert re.search(r"step 60/60 .* dynamic_rows=\d+ admitted=\d+ evicted=[1-9]", result.stdout)
-
-
-def test_dynamic_tables_under_mirrored_are_refused_in_one_sentence(tmp_path):
-    result = run(
-        train_cmd(DYNAMIC_TINY, strategy_gin("mirrored"), f"--model_dir={tmp_path / 'model'}"),
-        timeout=120,
-    )
-    assert_one_error_line(
-        result, 2, "a DynamicEmbedding runs under one_device or parameter_server only"
-    )

@@ -1,7 +1,9 @@
-"""Checkpoints and exports of dynamic tables from a real cluster (chief, 2 workers, 2 ps through
-tfdist-launch): `--mode=export` writes a SavedModel that a clean process serves with stock
-TensorFlow on raw keys, with the trained model's predictions; the 2-ps checkpoint resumes on 3 ps;
-a checkpoint of fixed tables restored into dynamic ones (and the reverse) is one sentence, exit 2."""
+"""The click recipe with dynamic tables on a real cluster (chief, 2 workers, 2 ps through
+tfdist-launch): the train records count each table's and shard's rows; `--mode=export`,
+ExportSavedModel and BestExporter write SavedModels that a clean process serves with stock
+TensorFlow on raw keys, with the trained model's predictions; the 2-ps checkpoint resumes on 3 ps.
+Bad input is one sentence and exit 2: a checkpoint of fixed tables restored into dynamic ones (and
+the reverse), a capacity below one batch's new keys, a strategy that cannot hold the tables."""
 
 from __future__ import annotations
 
@@ -44,11 +46,31 @@ def two_ps_run(tmp_path_factory):
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-6000:]
-    return model_dir
+    return model_dir, result.stdout
+
+
+def test_the_train_records_and_the_progress_line_count_each_tables_rows(two_ps_run):
+    model_dir, stdout = two_ps_run
+    train = [r for r in read_records(model_dir) if r["kind"] == "train"]
+    assert train[-1]["step"] == STEPS, train
+    last = train[-1]
+    # table_5 draws ids below 100: every id seen twice has its own row, nothing evicted.
+    assert 0 < last["table_5/rows_in_use"] <= 100, last
+    assert (
+        last["table_5/shard_0/rows_in_use"] + last["table_5/shard_1/rows_in_use"]
+        == (last["table_5/rows_in_use"])
+    )
+    # table_0 draws ids below 4,000 into 512 rows: full shards evict their rarest rows.
+    assert last["table_0/evicted"] > 0, last
+    assert last["table_0/rows_in_use"] <= 512 < last["table_0/admitted"], last
+    # All tables' totals on the progress line, the tables and shards in the records.
+    assert re.search(
+        rf"step {STEPS}/{STEPS} .* dynamic_rows=\d+ admitted=\d+ evicted=[1-9]", stdout
+    )
 
 
 def test_a_two_ps_run_exports_a_model_that_a_clean_process_serves_on_raw_keys(two_ps_run):
-    model_dir = two_ps_run
+    model_dir, _ = two_ps_run
     checkpoint = os.path.join(model_dir, f"ckpt-{STEPS}")
     export = run(
         train_cmd(
@@ -80,7 +102,7 @@ def test_a_two_ps_run_exports_a_model_that_a_clean_process_serves_on_raw_keys(tw
 
 
 def test_a_two_ps_checkpoint_resumes_on_three_ps_with_its_keys_rehashed(two_ps_run):
-    model_dir = two_ps_run
+    model_dir, _ = two_ps_run
     before = [r for r in read_records(model_dir) if r["kind"] == "train"]
     result = run(
         launch_cmd(
@@ -147,4 +169,18 @@ def test_a_capacity_below_one_batchs_new_keys_is_one_sentence(tmp_path):
         2,
         "shard 0: its 8 rows cannot hold the distinct keys of one batch",
         "raise capacity",
+    )
+
+
+def test_dynamic_tables_under_mirrored_are_refused_in_one_sentence(tmp_path):
+    result = run(
+        train_cmd(
+            f"--gin_file={DYNAMIC_TINY}",
+            strategy_gin("mirrored"),
+            f"--model_dir={tmp_path / 'model'}",
+        ),
+        timeout=120,
+    )
+    assert_one_error_line(
+        result, 2, "a DynamicEmbedding runs under one_device or parameter_server only"
     )
