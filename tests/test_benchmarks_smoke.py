@@ -22,7 +22,7 @@ def test_benchmarks_time_what_a_user_runs():
     for path in glob.glob(os.path.join(REPO, "benchmarks", "*.py")):
         with open(path) as f:
             source = f.read()
-        for by_hand in ("build_state(", "TrainLoop(", "strategy_runtime.start("):
+        for by_hand in ("build_state(", "TrainLoop(", "strategies.start("):
             assert by_hand not in source, (path, by_hand)
 
 
