@@ -27,7 +27,6 @@ from typing import Any
 import gin
 import keras
 import tensorflow as tf
-from absl import logging
 
 from recipes.sharded_embedding import data as click_data
 from tfdist_trainer import Trainer, sharding, variables
@@ -349,7 +348,7 @@ class ClickTrainer(Trainer):
             variables.write_report(storage.join(directory, name), payload)
 
     def _report_placement(self, model: keras.Model) -> None:
+        # The library logs the one-line summary, and the whole table to the task's log only.
         if not self._is_chief():
             return
-        logging.info("variable placement:\n%s", sharding.placement_table(model))
         self._write_report("placement.json", sharding.placement_records(model))
