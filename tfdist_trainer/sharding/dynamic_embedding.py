@@ -111,7 +111,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
       devices: under parameter_server, the ps devices the shards may use.
 
     In training (``training=True``) unknown keys are counted, admitted and
-    given rows; otherwise lookups only read, and unknown keys read row 0.
+    given rows; otherwise lookups only read, and unknown keys read the default row.
     """
 
     def __init__(
