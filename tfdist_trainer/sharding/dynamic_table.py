@@ -406,28 +406,46 @@ class DynamicTableShard(tf.Module):
         table = getattr(self, which)
 
         def rebuild():
-            keys, values = (tf.reshape(t, [-1]) for t in table.export())
+            exported = table.export()
+            keys, values = (tf.reshape(t, [-1]) for t in exported)
             live = keys > DELETED_KEY
             return self._rebuild(
-                which, empty_value, tf.boolean_mask(keys, live), tf.boolean_mask(values, live)
+                which,
+                empty_value,
+                tf.boolean_mask(keys, live),
+                tf.boolean_mask(values, live),
+                exported_keys=exported[0],
             )
 
         # The buckets it was made with (TF may have doubled them since: then it is rebuilt early).
-        size = buckets(self.capacity if which == "table" else self.candidate_limit)
-        worn = self._removals[which].read_value() * 4 >= size
+        worn = self._removals[which].read_value() * 4 >= self._buckets_of(which)
         return tf.cond(worn, rebuild, lambda: tf.constant(0, tf.int64))
 
-    def _rebuild(self, which: str, empty_value: int, keys: tf.Tensor, values: tf.Tensor):
+    def _buckets_of(self, which: str) -> int:
+        """The buckets the table `which` is made (and rebuilt) with."""
+        return buckets(self.capacity if which == "table" else self.candidate_limit)
+
+    def _rebuild(
+        self,
+        which: str,
+        empty_value: int,
+        keys: tf.Tensor,
+        values: tf.Tensor,
+        exported_keys: tf.Tensor | None = None,
+    ):
         """Clears the table `which` (TF's import of an all-empty bucket array: no deleted buckets
-        left), then inserts `keys` -> `values`; its removal count starts again at 0."""
+        left), then inserts `keys` -> `values`; its removal count starts again at 0.
+        `exported_keys`: the table's export, when the caller has it (only its shape is read)."""
         table = getattr(self, which)
+        if exported_keys is None:
+            exported_keys = table.export()[0]
         # TF doubles the buckets itself on insert if more keys come than this load allows.
-        size = buckets(self.capacity if which == "table" else self.candidate_limit)
+        size = self._buckets_of(which)
         # Shaped like the table's own export ([buckets, 1] when run, of unknown rank when traced):
         # what the import kernel and its shape function each accept (as in TF's own restore).
         # Filled at run time from that shape, never a folded constant: the table keeps the
         # imported buffers as its buckets and writes into them.
-        shape = tf.concat([[size], tf.shape(table.export()[0])[1:]], 0)
+        shape = tf.concat([[size], tf.shape(exported_keys)[1:]], 0)
         cleared = tf.raw_ops.LookupTableImportV2(
             table_handle=table.resource_handle,
             keys=tf.fill(shape, tf.constant(EMPTY_KEY, tf.int64)),
