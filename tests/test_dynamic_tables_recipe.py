@@ -29,24 +29,30 @@ DYNAMIC_TINY = f"{REPO}/configs/sharded_embedding/dynamic_tiny.gin"
 STEPS = 60  # dynamic_tiny.gin's train.train_steps
 
 
-@pytest.fixture(scope="module")
-def two_ps_run(tmp_path_factory):
-    model_dir = str(tmp_path_factory.mktemp("dynamic") / "model")
+def _launch(model_dir: str, num_ps: int, binding: str) -> str:
+    """tfdist-launch of dynamic_tiny.gin, chief + 2 workers + `num_ps` ps; its console output."""
     result = run(
         launch_cmd(
-            ["--num_workers=2", "--num_ps=2"],
+            ["--num_workers=2", f"--num_ps={num_ps}"],
             [
                 f"--gin_file={DYNAMIC_TINY}",
                 strategy_gin("parameter_server"),
                 f"--model_dir={model_dir}",
-                # The exports at the end of training: the same path as --mode=export.
-                "--gin_bindings=train.extra_hooks=[@ExportSavedModel(), @BestExporter()]",
+                f"--gin_bindings={binding}",
             ],
         ),
         timeout=300,
     )
     assert result.returncode == 0, result.stdout[-6000:]
-    return model_dir, result.stdout
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def two_ps_run(tmp_path_factory):
+    model_dir = str(tmp_path_factory.mktemp("dynamic") / "model")
+    # The exports at the end of training: the same path as --mode=export.
+    stdout = _launch(model_dir, 2, "train.extra_hooks=[@ExportSavedModel(), @BestExporter()]")
+    return model_dir, stdout
 
 
 def test_the_train_records_and_the_progress_line_count_each_tables_rows(two_ps_run):
@@ -104,22 +110,8 @@ def test_a_two_ps_run_exports_a_model_that_a_clean_process_serves_on_raw_keys(tw
 def test_a_two_ps_checkpoint_resumes_on_three_ps_with_its_keys_rehashed(two_ps_run):
     model_dir, _ = two_ps_run
     before = [r for r in read_records(model_dir) if r["kind"] == "train"]
-    result = run(
-        launch_cmd(
-            ["--num_workers=2", "--num_ps=3"],
-            [
-                f"--gin_file={DYNAMIC_TINY}",
-                strategy_gin("parameter_server"),
-                f"--model_dir={model_dir}",
-                f"--gin_bindings=train.train_steps={STEPS + 20}",
-            ],
-        ),
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-6000:]
-    assert re.search(rf"restored \S*ckpt-{STEPS} \(step {STEPS}\)", result.stdout), result.stdout[
-        -4000:
-    ]
+    stdout = _launch(model_dir, 3, f"train.train_steps={STEPS + 20}")
+    assert re.search(rf"restored \S*ckpt-{STEPS} \(step {STEPS}\)", stdout), stdout[-4000:]
     after = [r for r in read_records(model_dir) if r["kind"] == "train"][len(before) :]
     assert after[0]["step"] == STEPS + 20, after
     last = after[-1]
