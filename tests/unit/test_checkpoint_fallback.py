@@ -25,7 +25,7 @@ from tfdist_trainer.errors import (
 )
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.runtime import checkpoints
-from tfdist_trainer.runtime.checkpoints import Checkpointer
+from tfdist_trainer.runtime.checkpoints import Checkpointer, failures
 
 
 def make_checkpointer(model_dir: str, *, units: int = 8, keep: int = 5) -> Checkpointer:
@@ -198,7 +198,7 @@ def test_a_refused_save_is_one_sentence_and_leaves_the_previous_checkpoint_liste
     ],
 )  # fmt: skip
 def test_what_each_save_failure_becomes(error, alone, expected):
-    result = checkpoints._save_failure(error, "/d/ckpt-300", unavailable=alone)
+    result = failures.save_failure(error, "/d/ckpt-300", unavailable=alone)
     if expected is None:
         assert result is None
         return
@@ -260,4 +260,4 @@ def test_the_evaluator_skips_a_damaged_checkpoint_without_failing(saved, monkeyp
     ids=["op", "function", "several-tasks"],
 )  # fmt: skip
 def test_tf_messages_become_their_cause_in_one_line(message, cause):
-    assert checkpoints._one_line(tf.errors.OpError(None, None, message, 2)) == cause
+    assert failures.one_line(tf.errors.OpError(None, None, message, 2)) == cause

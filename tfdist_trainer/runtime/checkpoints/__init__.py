@@ -1,0 +1,42 @@
+"""Checkpoints: save every N steps and at the end, keep K, restore at start.
+
+One module per job, so that each can change alone (an asynchronous writer is
+a change to `writer` only):
+
+* `checkpointer`: `Checkpointer`, what a task holds: `restore()`, `save(step)`,
+  `wait()` and their contract (when the files are durable).
+* `writer`: writes a checkpoint, lists it, sweeps old ones (peers' throw-away
+  copies, the traced write of a checkpoint that spans tasks).
+* `restore`: the newest checkpoint that reads; damaged ones set aside.
+* `listing`: the ``checkpoint`` file readers follow, and the order that keeps
+  a half-written checkpoint out of their sight.
+* `pins`: the evaluator's pin on the checkpoint it reads.
+* `failures`: a failed read or write in one sentence.
+
+The names other modules use are re-exported here.
+"""
+
+from tfdist_trainer.io.checkpoint_names import step_of
+from tfdist_trainer.runtime.checkpoints.checkpointer import PEER_DIRECTORY_PREFIX, Checkpointer
+from tfdist_trainer.runtime.checkpoints.failures import model_mismatch, unreadable_reason
+from tfdist_trainer.runtime.checkpoints.listing import (
+    checkpoint_files,
+    found_newest_first,
+    listed_newest_first,
+)
+from tfdist_trainer.runtime.checkpoints.pins import PIN_FILE, pin, pinned, unpin
+
+__all__ = [
+    "PEER_DIRECTORY_PREFIX",
+    "PIN_FILE",
+    "Checkpointer",
+    "checkpoint_files",
+    "found_newest_first",
+    "listed_newest_first",
+    "model_mismatch",
+    "pin",
+    "pinned",
+    "step_of",
+    "unpin",
+    "unreadable_reason",
+]
