@@ -285,7 +285,7 @@ def _checkpoint_mode(mode: str) -> None:
 def _run_action(action, experiment, cluster, strategy_config) -> None:
     """The task's job: serve (ps, parameter_server worker, dispatcher), evaluate, or train."""
     if action is Action.SERVE:
-        from tfdist_trainer.runtime import serve
+        from tfdist_trainer.runtime.strategies.parameter_server import serve
 
         serve.serve(
             cluster,

@@ -3,9 +3,9 @@
 It runs `steps` replica steps through `strategy.run` and bumps the global step
 once. Synchronous strategies call it directly (`synchronous.TrainLoop`); under
 parameter_server the chief hands whole calls to `ClusterCoordinator.schedule`
-(`scheduled.ScheduledTrainLoop`), so a worker runs `steps_per_loop` steps per
-round trip (1.5-2x more steps/s at 10 than at 1 on 2 CPUs). Reading through the
-tf.data service, the same body stops early when a finite dataset ends.
+(`runtime/strategies/parameter_server/scheduled_loop.py`), so a worker runs
+`steps_per_loop` steps per round trip (1.5-2x more steps/s at 10 than at 1 on 2 CPUs).
+Reading through the tf.data service, the same body stops early when a finite dataset ends.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.plan.cluster import WORKER, ClusterConfig
+from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.plan.strategies import StrategyConfig
 from tfdist_trainer.plan.task import TaskContext
@@ -150,21 +150,30 @@ class StrategyRuntime:
             step_fn = whole_tables.warn_whole_reads(
                 step_fn, trainer, experiment.whole_table_warning_bytes, self.config.name
             )
-        common = dict(jit_compile=experiment.jit_compile, step_fn=step_fn, batches_per_step=k)
-        if not self.schedules:
-            return loops.TrainLoop(self.strategy, trainer, global_step, steps_per_loop, **common)
-        return loops.ScheduledTrainLoop(
-            self.strategy,
-            self.coordinator,
+        return self.step_loop(
             trainer,
             global_step,
             steps_per_loop,
-            **common,
-            num_workers=cluster.num_tasks(WORKER),
-            stall_timeout_s=self.config.stall_timeout_s,
-            worker_addresses=[t.address for t in cluster.tasks((WORKER,))],
-            dispatcher_address=cluster.dispatcher_address,
+            cluster,
+            jit_compile=experiment.jit_compile,
+            step_fn=step_fn,
+            batches_per_step=k,
         )
+
+    def step_loop(
+        self,
+        trainer: Any,
+        global_step: tf.Variable,
+        steps_per_loop: Any,
+        cluster: ClusterConfig,
+        **common: Any,
+    ) -> Any:
+        """The loop object around `step_fn` (`common`: jit_compile, step_fn, batches_per_step).
+
+        Here the synchronous `loops.TrainLoop`, run in this task; parameter_server overrides it
+        with the loop its chief schedules onto the workers.
+        """
+        return loops.TrainLoop(self.strategy, trainer, global_step, steps_per_loop, **common)
 
     #: Whether the model must be called once eagerly after `prepare_model`, even when it is built
     #: already (model_parallel records the order its layers run in from that call).

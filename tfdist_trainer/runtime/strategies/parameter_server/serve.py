@@ -12,7 +12,8 @@ from tfdist_trainer.errors import ChiefLost, Preempted
 from tfdist_trainer.io import markers
 from tfdist_trainer.plan.cluster import CHIEF, DISPATCHER, PS, ClusterConfig
 from tfdist_trainer.plan.network import is_listening
-from tfdist_trainer.runtime import data_service, preemption, shutdown
+from tfdist_trainer.runtime import preemption, shutdown
+from tfdist_trainer.runtime.strategies.parameter_server import data_service
 
 
 def serve(

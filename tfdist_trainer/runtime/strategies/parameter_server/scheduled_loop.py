@@ -10,7 +10,6 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tfdist_trainer.runtime import data_service, watchdog
 from tfdist_trainer.runtime.loops.body import (
     LoopResult,
     combine,
@@ -19,6 +18,7 @@ from tfdist_trainer.runtime.loops.body import (
     train_loop_fn,
 )
 from tfdist_trainer.runtime.loops.size import StepsPerLoopTuner, as_loop_size
+from tfdist_trainer.runtime.strategies.parameter_server import data_service, watchdog
 from tfdist_trainer.trainers import data as data_lib
 from tfdist_trainer.trainers.trainer import Trainer
 
@@ -50,7 +50,7 @@ class ScheduledTrainLoop:
         worker_addresses: Sequence[str] = (),
         dispatcher_address: str | None = None,
     ):
-        """`dispatcher_address`: read the data through the tf.data service (runtime.data_service)."""
+        """`dispatcher_address`: read the data through the tf.data service (`data_service`)."""
         self.coordinator = coordinator
         self.num_workers = max(1, num_workers)
         self.size = as_loop_size(steps_per_loop)
