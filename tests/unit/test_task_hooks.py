@@ -2,8 +2,9 @@
 
 Their order after the user's hooks, and what each does between loops, with model_dir
 a file:// URI and a small stand-in for the run (only what these hooks read: the
-cluster's role, the step, the checkpointer's save). Real runs: SIGTERM in
-tests/test_preemption.py, served data in tests/test_data_service.py.
+cluster's role, the step, and the run's own `save_checkpoint` / `wait_for_checkpoints` over a
+checkpointer that, like an asynchronous writer, makes a save durable only at `wait`). Real
+runs: SIGTERM in tests/test_preemption.py, served data in tests/test_data_service.py.
 """
 
 from __future__ import annotations
@@ -16,17 +17,30 @@ import gin
 import pytest
 
 from tfdist_trainer.errors import Preempted
-from tfdist_trainer.hooks import StopTraining
+from tfdist_trainer.hooks import CheckpointHook, StopTraining
 from tfdist_trainer.io import markers, storage
 from tfdist_trainer.runtime.train import task_hooks
+from tfdist_trainer.runtime.train.run_context import RunContext
 
 
-class Saves:
-    def __init__(self):
-        self.steps: list[int] = []
+class PendingSaves:
+    """A checkpointer whose saves are durable only once `wait` is called (an asynchronous
+    writer's contract, `Checkpointer.save`); `events` is what happened, in order."""
+
+    def __init__(self, events: list[tuple]):
+        self.events = events
+        self.steps: list[int] = []  # the durable ones
+        self._pending: list[int] = []
 
     def save(self, step: int) -> None:
-        self.steps.append(step)
+        self.events.append(("save", step))
+        self._pending.append(step)
+
+    def wait(self) -> None:
+        for step in self._pending:
+            self.events.append(("durable", step))
+            self.steps.append(step)
+        self._pending.clear()
 
 
 class Summaries:
@@ -38,14 +52,20 @@ class Summaries:
 
 
 def stand_in(model_dir: str, *, is_chief: bool = True, step: int = 40):
-    return types.SimpleNamespace(
+    """The run as these hooks see it; its save and wait are `RunContext`'s own."""
+    events: list[tuple] = []
+    run = types.SimpleNamespace(
         model_dir=model_dir,
         cluster=types.SimpleNamespace(is_chief=is_chief),
         step=step,
-        checkpointer=Saves(),
+        checkpointer=PendingSaves(events),
+        events=events,
         summaries=Summaries(),
         agree=lambda flag: flag,
     )
+    run.save_checkpoint = types.MethodType(RunContext.save_checkpoint, run)
+    run.wait_for_checkpoints = types.MethodType(RunContext.wait_for_checkpoints, run)
+    return run
 
 
 @pytest.fixture
@@ -86,6 +106,24 @@ def test_run_files_clear_the_done_marker_then_mark_the_final_step(tmp_path):
     gin.clear_config()
 
 
+def test_the_done_marker_is_written_once_the_last_save_is_durable(tmp_path, monkeypatch):
+    # The evaluator exits once it has evaluated the marked step, and a launcher reads the run
+    # as finished: the final checkpoint must be complete first, even from an asynchronous writer.
+    model_dir = f"file://{tmp_path}"
+    run = stand_in(model_dir, step=60)
+    real_mark_done = markers.mark_done
+    monkeypatch.setattr(
+        markers,
+        "mark_done",
+        lambda d, step: run.events.append(("done", step)) or real_mark_done(d, step),
+    )
+    for hook in [CheckpointHook(every_n_steps=None), task_hooks.RunFiles()]:  # build_run's order
+        hook.end(run)
+    assert run.events == [("save", 60), ("durable", 60), ("done", 60)]
+    assert markers.read_marker(model_dir)["step"] == 60
+    gin.clear_config()
+
+
 def test_data_ending_stops_training_with_the_step():
     hook = task_hooks.StopWhenDataEnds()
     hook.after_loop(stand_in("unused"), types.SimpleNamespace(data_ended=False))
@@ -113,6 +151,23 @@ def test_a_preempted_ps_is_answered_by_the_save(tmp_path, restore_sigterm):
         hook.after_loop(run, None)
     assert run.checkpointer.steps == [70]
     assert markers.saved_step(model_dir, request) == 70
+
+
+def test_the_ps_is_answered_and_the_task_exits_only_once_the_save_is_durable(
+    tmp_path, restore_sigterm
+):
+    # The preempted ps exits on the answer: the checkpoint of its variables must be complete.
+    model_dir = f"file://{tmp_path}"
+    run = stand_in(model_dir, step=70)
+    hook = task_hooks.SaveOnPreemption(model_dir, answers_ps=True)
+    answer = hook.ps_requests.answer
+    hook.ps_requests.answer = lambda requests, step: (
+        run.events.append(("answered", step)) or answer(requests, step)
+    )
+    markers.request_save(model_dir, "ps:0")
+    with pytest.raises(Preempted):
+        hook.after_loop(run, None)
+    assert run.events == [("save", 70), ("durable", 70), ("answered", 70)]
 
 
 def test_the_loop_asks_between_calls_and_the_save_answers_what_it_saw(tmp_path, restore_sigterm):

@@ -98,7 +98,7 @@ class BestExporter(Hook):
         # Every multi_worker_mirrored worker must take part in the save below: decide together.
         if not run.agree(self._improves(value, export_dir, writer=run.cluster.is_chief)):
             return
-        run.checkpointer.save(run.step)
+        run.save_checkpoint(durable=True)  # the export reads it
         if run.cluster.is_chief:
             self._export(
                 export_dir,

@@ -42,8 +42,8 @@ class CheckpointHook(Hook):
         )
         # Every multi_worker_mirrored worker must take part in a save: agree on time-based ones.
         if self._due(run.step) or run.agree(by_time):
-            run.checkpointer.save(run.step)
+            run.save_checkpoint()
             self._last_time = time.monotonic()
 
     def end(self, run):
-        run.checkpointer.save(run.step)
+        run.save_checkpoint()

@@ -34,7 +34,8 @@ class EvalHook(Hook):
         if not self._due(run.step) or run.step >= run.target_step:
             return
         if run.has_evaluator_task:
-            run.checkpointer.save(run.step)  # every synchronous worker takes part
+            # Every synchronous worker takes part; the evaluator sees it once it is complete.
+            run.save_checkpoint()
             run.take_evaluator_results()
         else:
             run.evaluate()

@@ -44,6 +44,7 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
         logging.info("stopping early: %s", stop)
     for hook in hooks:
         hook.end(context)
+    context.wait_for_checkpoints()  # the task returns with every checkpoint it asked for durable
     fingerprint = weights_fingerprint(context.trainer.model)
     logging.info(
         "training done at step %d in %.1fs (%d steps this run); weights fingerprint %s",

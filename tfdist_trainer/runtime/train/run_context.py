@@ -160,6 +160,27 @@ class RunContext:
         self.last_eval, self.last_eval_step = values, step
         self.evaluations.append((step, values))
 
+    def save_checkpoint(self, *, durable: bool = False) -> None:
+        """Saves a checkpoint of this step: the one place a training task asks for a save.
+
+        Every protocol asks here (`CheckpointHook`, `EvalHook` for the evaluator task,
+        `BestExporter`, a SIGTERM or a ps's request, the stall save, an export), so the
+        checkpointer's contract (`Checkpointer.save`) is relied on in one place. Every
+        synchronous worker calls it together (a save runs collectives).
+
+        `durable`: return only once the files are complete and listed (`wait_for_checkpoints`),
+        for a caller that reads them, tells another task, or exits next. Without it the save
+        may still be in flight (an asynchronous writer); readers see it once it is complete.
+        """
+        self.checkpointer.save(self.step)
+        if durable:
+            self.wait_for_checkpoints()
+
+    def wait_for_checkpoints(self) -> None:
+        """Returns once every save asked for is durable (`Checkpointer.wait`): before the done
+        marker and at the end of training."""
+        self.checkpointer.wait()
+
     def export_saved_model(self, path: str) -> None:
         """Exports a copy of the model built outside any strategy, so it serves anywhere.
 
@@ -167,7 +188,7 @@ class RunContext:
         tables re-shard on restore, so the copy need not match the cluster's layout.
         With `use_ema`, the copy takes the optimizer's averages.
         """
-        self.checkpointer.save(self.step)
+        self.save_checkpoint(durable=True)
         export.export_from_checkpoint(
             self.trainer,
             tf.train.latest_checkpoint(self.model_dir),

@@ -43,7 +43,7 @@ def save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: f
 
     def save():
         try:
-            run.checkpointer.save(run.step)
+            run.save_checkpoint(durable=True)  # the chief exits next
             outcome.append(f"saved a checkpoint at step {run.step}")
         except (tf.errors.OpError, OSError) as e:
             outcome.append(f"no checkpoint could be written ({type(e).__name__}); {kept_text}")

@@ -47,6 +47,9 @@ class RunFiles(Hook):
         run.summaries.text("train", "config", f"command: `{command}`\n\n```\n{config}\n```")
 
     def end(self, run: RunContext) -> None:
+        # The last checkpoint is complete before the marker says done: the evaluator exits once
+        # it has evaluated the marked step, and a launcher reads the run as finished.
+        run.wait_for_checkpoints()
         # After training, gin knows which bindings were really used: save those too.
         if not run.cluster.is_chief:
             return
@@ -101,7 +104,8 @@ class SaveOnPreemption(Hook):
     def after_loop(self, run, result):
         if not self.requested(run):
             return
-        run.checkpointer.save(run.step)
+        # Durable before the ps is answered (it exits on the answer) and before this task exits.
+        run.save_checkpoint(durable=True)
         if self.ps_requests:
             self.ps_requests.answer(self._requests, run.step)
         if self._signalled:
