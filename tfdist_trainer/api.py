@@ -1,8 +1,8 @@
 """`tfdist_trainer.train(...)`: one training run in this Python process (a notebook, a script).
 
 The same run as `tfdist-train` on a lone machine: the same gin files and
-bindings (`train.*`, `Trainer.*`, the strategy's), loaded by the same
-`config.load_experiment`, validated by the same strategy topology, trained by
+bindings (`train.*`, `Trainer.*`, the strategy's), checked by the same
+preflight (`plan.preflight.prepare`: model_dir, gin, the strategy's topology), trained by
 the same `run_training` (runtime/train/controller.py), with the same files under model_dir. Only
 the strategies that run in one process are accepted (one_device, mirrored,
 model_parallel without data_parallel); the others need one process per task,
@@ -18,8 +18,6 @@ import signal
 import threading
 from collections.abc import Sequence
 from typing import Any
-
-from tfdist_trainer.errors import ConfigError
 
 
 def train(
@@ -62,39 +60,19 @@ def train(
     """
     from absl import logging
 
-    from tfdist_trainer.io import model_dir as model_dir_lib
-    from tfdist_trainer.plan import cluster as cluster_lib
-    from tfdist_trainer.plan import gin_config as config_lib
+    from tfdist_trainer.plan import preflight
 
-    model_dir = os.fspath(model_dir) if model_dir else ""
-    model_dir_lib.check(
-        model_dir,
-        name="model_dir",
-        missing="tfdist_trainer.train needs model_dir=..., a directory for this run.",
-    )
     if log_level is not None:
         logging.set_verbosity(log_level)
-    cluster = cluster_lib.resolve(os.environ)
-    if not cluster.is_local:
-        raise ConfigError(
-            f"TF_CONFIG names a cluster ({', '.join(cluster.cluster)}), but tfdist_trainer.train "
-            f"trains in this one process; unset TF_CONFIG, or run tfdist-train on each task."
-        )
-    overrides = {} if trainer_cls is None else {"trainer_cls": trainer_cls}
-    experiment = config_lib.load_experiment(
-        list(gin_files), list(gin_bindings), list(modules), **overrides
+    prepared = preflight.prepare(
+        preflight.TRAIN_API,
+        model_dir,
+        gin_files,
+        gin_bindings,
+        modules,
+        trainer_cls=trainer_cls,
     )
-    strategy_config = experiment.strategy_config
-    layout = strategy_config.launch_layout(num_workers=2, num_ps=1)
-    if layout != {cluster_lib.CHIEF: 1}:
-        raise ConfigError(
-            f"strategy {strategy_config.name} needs one process per cluster task ({', '.join(layout)} "
-            f"tasks), but "
-            f"tfdist_trainer.train trains in this one process; pick one_device, mirrored or "
-            f"model_parallel, or start the job with tfdist-launch (or tfdist-train on each task)."
-        )
-    strategy_config.validate(cluster)
-    model_dir_lib.create(model_dir, name="model_dir")
+    prepared.create_model_dir()
 
     import keras
 
@@ -106,35 +84,11 @@ def train(
     previous_sigterm = signal.getsignal(signal.SIGTERM)
     try:
         with config_checks_are_config_errors():
-            return run_training(experiment, cluster, model_dir)
+            return run_training(prepared.experiment, prepared.cluster, prepared.model_dir)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous_sigterm)
-
-
-def _experiment_for_checkpoint(
-    what: str,
-    trainer_cls: type | None,
-    model_dir: str | os.PathLike,
-    gin_files: Sequence[str],
-    gin_bindings: Sequence[str],
-    modules: Sequence[str],
-):
-    """(model_dir, experiment) for evaluate/export: the same gin the run trained with."""
-    from tfdist_trainer.io import model_dir as model_dir_lib
-    from tfdist_trainer.plan import gin_config as config_lib
-
-    model_dir = os.fspath(model_dir) if model_dir else ""
-    model_dir_lib.check(
-        model_dir,
-        name="model_dir",
-        missing=f"tfdist_trainer.{what} needs model_dir=..., the run whose checkpoint to read.",
-    )
-    overrides = {} if trainer_cls is None else {"trainer_cls": trainer_cls}
-    return model_dir, config_lib.load_experiment(
-        list(gin_files), list(gin_bindings), list(modules), **overrides
-    )
 
 
 def evaluate(
@@ -152,12 +106,21 @@ def evaluate(
     appended to model_dir's metrics.jsonl. A model_dir with no checkpoint, or a checkpoint
     of another model, raises ConfigError.
     """
-    model_dir, experiment = _experiment_for_checkpoint(
-        "evaluate", trainer_cls, model_dir, gin_files, gin_bindings, modules
+    from tfdist_trainer.plan import preflight
+
+    prepared = preflight.prepare(
+        preflight.EVALUATE_API,
+        model_dir,
+        gin_files,
+        gin_bindings,
+        modules,
+        trainer_cls=trainer_cls,
     )
     from tfdist_trainer.runtime import checkpoint_actions
 
-    return checkpoint_actions.evaluate_checkpoint(experiment, model_dir, checkpoint)
+    return checkpoint_actions.evaluate_checkpoint(
+        prepared.experiment, prepared.model_dir, checkpoint
+    )
 
 
 def export(
@@ -174,9 +137,18 @@ def export(
 
     Returns its path (default: model_dir/export/<checkpoint name>).
     """
-    model_dir, experiment = _experiment_for_checkpoint(
-        "export", trainer_cls, model_dir, gin_files, gin_bindings, modules
+    from tfdist_trainer.plan import preflight
+
+    prepared = preflight.prepare(
+        preflight.EXPORT_API,
+        model_dir,
+        gin_files,
+        gin_bindings,
+        modules,
+        trainer_cls=trainer_cls,
     )
     from tfdist_trainer.runtime import checkpoint_actions
 
-    return checkpoint_actions.export_checkpoint(experiment, model_dir, checkpoint, export_dir)
+    return checkpoint_actions.export_checkpoint(
+        prepared.experiment, prepared.model_dir, checkpoint, export_dir
+    )

@@ -164,10 +164,9 @@ def main(argv: list[str]) -> None:
 
     # Before anything imports TensorFlow: its start-up lines go to the task's log only.
     task_console.own_console(FLAGS.model_dir, chatter=FLAGS.console_chatter)
-    from tfdist_trainer.io import model_dir as model_dir_lib
     from tfdist_trainer.launch import parent_watch
     from tfdist_trainer.plan import cluster as cluster_lib
-    from tfdist_trainer.plan import network
+    from tfdist_trainer.plan import network, preflight
     from tfdist_trainer.runtime.logs import set_role
 
     parent_watch.end_with_launcher()
@@ -189,41 +188,19 @@ def main(argv: list[str]) -> None:
         )
         role = cluster.role
         set_role(role)
-        model_dir_lib.check(
+        prepared = preflight.prepare(
+            preflight.TRAIN_TASK,
             FLAGS.model_dir,
-            shared_by=None
-            if cluster.is_local
-            else "the tasks of a cluster must share it; use a path every task sees, or gs://, "
-            "s3:// or file://",
-            error=cluster_lib.ClusterConfigError,
+            FLAGS.gin_file,
+            FLAGS.gin_bindings,
+            FLAGS.module,
+            cluster=cluster,
         )
-        from tfdist_trainer.plan.gin_config import load_experiment
-
-        experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
-        strategy_config = experiment.strategy_config
-        strategy_config.validate(cluster)
-        action = strategy_config.action(cluster)
-        network.check_own_port(cluster)
-        holder = None
-        if strategy_config.holds_port_while_waiting and cluster.own_address is not None:
-            holder = network.PortHolder(cluster.own_address.port)
-        try:
-            peers = strategy_config.peers(cluster)
-            if peers:
-                logging.info(
-                    "waiting up to %.0fs for %s",
-                    FLAGS.startup_timeout_s,
-                    ", ".join(p.name for p in peers),
-                )
-            network.wait_for_tasks(
-                peers, timeout_s=FLAGS.startup_timeout_s, waiting_for=f" (waited for by {role})"
-            )
-        finally:
-            if holder is not None:
-                holder.close()
+        _wait_for_peers(prepared)
     except errors.ConfigError as e:
         _fail(role, str(e), EXIT_CONFIG)
 
+    action = prepared.action
     # TensorFlow reads TF_CONFIG when the strategy is created: give it the normalized form.
     tf_config = cluster.to_tf_config() if action is not Action.EVALUATE else ""
     if tf_config:
@@ -231,11 +208,11 @@ def main(argv: list[str]) -> None:
     else:
         os.environ.pop("TF_CONFIG", None)
     try:
-        model_dir_lib.create(FLAGS.model_dir)
+        prepared.create_model_dir()
     except errors.ConfigError as e:
         _fail(role, str(e), EXIT_CONFIG)
     task_console.log_to(FLAGS.model_dir, role.replace(":", "-"))
-    logging.info("%s as %s under %s", action.value, role, strategy_config.name)
+    logging.info("%s as %s under %s", action.value, role, prepared.strategy_config.name)
     if action is Action.EVALUATE:
         from tfdist_trainer.runtime import preemption
 
@@ -246,7 +223,7 @@ def main(argv: list[str]) -> None:
 
     try:
         with lost_peer_is_one_error(), config_checks_are_config_errors():
-            _run_action(action, experiment, cluster, strategy_config)
+            _run_action(action, prepared.experiment, cluster, prepared.strategy_config)
     # the package's own errors: one sentence; anything else keeps its traceback
     except errors.TfdistError as e:
         # A serving task leaves without interpreter shutdown: with its TF server still running,
@@ -255,28 +232,61 @@ def main(argv: list[str]) -> None:
         _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=hard)
 
 
+def _wait_for_peers(prepared) -> None:
+    """Checks the task's own port, then waits for the peers its strategy needs (holding the port
+    meanwhile where the strategy says so); a peer that never comes is one ConfigError."""
+    from tfdist_trainer.plan import network
+
+    cluster, strategy_config = prepared.cluster, prepared.strategy_config
+    network.check_own_port(cluster)
+    holder = None
+    if strategy_config.holds_port_while_waiting and cluster.own_address is not None:
+        holder = network.PortHolder(cluster.own_address.port)
+    try:
+        peers = strategy_config.peers(cluster)
+        if peers:
+            logging.info(
+                "waiting up to %.0fs for %s",
+                FLAGS.startup_timeout_s,
+                ", ".join(p.name for p in peers),
+            )
+        network.wait_for_tasks(
+            peers,
+            timeout_s=FLAGS.startup_timeout_s,
+            waiting_for=f" (waited for by {cluster.role})",
+        )
+    finally:
+        if holder is not None:
+            holder.close()
+
+
 def _checkpoint_mode(mode: str) -> None:
     """--mode=evaluate or export: one checkpoint, in this process, whatever TF_CONFIG says."""
-    from tfdist_trainer.io import model_dir as model_dir_lib
     from tfdist_trainer.launch import task_console
+    from tfdist_trainer.plan import preflight
     from tfdist_trainer.runtime.logs import set_role
 
     role = "local"
     set_role(role)
     os.environ.pop("TF_CONFIG", None)  # no cluster: the model reads the checkpoint in this process
     try:
-        model_dir_lib.check(FLAGS.model_dir)
-        task_console.log_to(FLAGS.model_dir, mode)
-        from tfdist_trainer.plan.gin_config import load_experiment
-
-        experiment = load_experiment(FLAGS.gin_file, FLAGS.gin_bindings, FLAGS.module)
+        prepared = preflight.prepare(
+            preflight.CHECKPOINT_TASK,
+            FLAGS.model_dir,
+            FLAGS.gin_file,
+            FLAGS.gin_bindings,
+            FLAGS.module,
+            before_gin=lambda: task_console.log_to(FLAGS.model_dir, mode),
+        )
         from tfdist_trainer.runtime import checkpoint_actions
 
         if mode == "evaluate":
-            checkpoint_actions.evaluate_checkpoint(experiment, FLAGS.model_dir, FLAGS.checkpoint)
+            checkpoint_actions.evaluate_checkpoint(
+                prepared.experiment, prepared.model_dir, FLAGS.checkpoint
+            )
         else:
             checkpoint_actions.export_checkpoint(
-                experiment, FLAGS.model_dir, FLAGS.checkpoint, FLAGS.export_dir
+                prepared.experiment, prepared.model_dir, FLAGS.checkpoint, FLAGS.export_dir
             )
     except errors.TfdistError as e:
         _fail(role, str(e).strip().splitlines()[0], e.exit_code)

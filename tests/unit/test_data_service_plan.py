@@ -159,7 +159,9 @@ def manifests(flavor: str, **settings) -> list[dict]:
         num_workers=2,
         num_ps=1,
     )
-    return k8s.manifests(strategy_config=SERVED, flavor=flavor, **{**defaults, **settings})
+    return k8s.manifests(
+        k8s.JobSpec(strategy_config=SERVED, flavor=flavor, **{**defaults, **settings})
+    )
 
 
 @pytest.mark.parametrize(

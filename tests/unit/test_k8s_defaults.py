@@ -4,7 +4,7 @@ The table once said `--backoff_limit` 3 while the TFJob said `backoffLimit: 5`. 
 default is read back from what the launcher produces when no flag is given: a short child
 process (tfdist_trainer.launch.flags defines its flags on absl's global FLAGS, whose names
 tfdist-train's flags share in a test process) reports the keyword arguments
-`emit.manifest_options` hands to k8s.manifests, the flags' defaults and the Kubernetes flags of
+`emit.manifest_options` hands to k8s.JobSpec, the flags' defaults and the Kubernetes flags of
 `tfdist-launch --help`; the manifests are built in process from exactly those arguments, and every
 row of the table is compared with the objects. A flag in the table that no reader here knows, or a
 Kubernetes flag missing from the table, fails too.
@@ -60,9 +60,9 @@ def emitted(cli) -> dict[str, list[dict]]:
     common = dict(
         strategy_config=STRATEGIES["parameter_server"], name="run1", train_args=TRAIN_ARGS
     )
-    objects = {"default": k8s.manifests(**common, **options)}
+    objects = {"default": k8s.manifests(k8s.JobSpec(**common, **options))}
     for flavor in k8s.FLAVORS:
-        objects[flavor] = k8s.manifests(**common, **{**options, "flavor": flavor})
+        objects[flavor] = k8s.manifests(k8s.JobSpec(**common, **{**options, "flavor": flavor}))
     return objects
 
 
@@ -180,7 +180,7 @@ def test_the_documented_default_is_what_the_manifests_get(flag, cli, emitted):
 
 
 def test_the_python_api_has_the_launchers_defaults(cli):
-    """k8s.manifests called with the job alone builds what the launcher builds with no flag given."""
+    """A k8s.JobSpec of the job alone builds what the launcher builds with no flag given."""
     common = dict(
         strategy_config=STRATEGIES["parameter_server"],
         name="run1",
@@ -188,4 +188,6 @@ def test_the_python_api_has_the_launchers_defaults(cli):
         image="registry.example/trainer:1",
     )
     options = {**cli["options"], "image": common["image"]}
-    assert k8s.manifests(**common) == k8s.manifests(**{**common, **options})
+    assert k8s.manifests(k8s.JobSpec(**common)) == k8s.manifests(
+        k8s.JobSpec(**{**common, **options})
+    )

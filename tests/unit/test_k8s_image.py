@@ -103,13 +103,15 @@ def doc():
     ]
     assert len(strategy) == 1, train_args.gin_file
     objects = k8s.manifests(
-        strategy_config=STRATEGIES[strategy[0]],
-        name="run1",
-        image=launch_args.image,
-        train_args=[f"--gin_file={g}" for g in train_args.gin_file],
-        flavor=launch_args.k8s_flavor or "tfjob",
-        num_workers=int(launch_args.num_workers or 2),
-        num_ps=int(launch_args.num_ps or 1),
+        k8s.JobSpec(
+            strategy_config=STRATEGIES[strategy[0]],
+            name="run1",
+            image=launch_args.image,
+            train_args=[f"--gin_file={g}" for g in train_args.gin_file],
+            flavor=launch_args.k8s_flavor or "tfjob",
+            num_workers=int(launch_args.num_workers or 2),
+            num_ps=int(launch_args.num_ps or 1),
+        )
     )
     assert launch_args.k8s_workdir is None, "the example shows --k8s_workdir's default"
     containers = [container(t) for t in pod_templates(objects).values()]

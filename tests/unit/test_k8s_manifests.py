@@ -36,7 +36,7 @@ STRATEGIES = {name: strategies.config_class(name)() for name in strategies.NAMES
 
 
 def manifest_settings(strategy: str, **kwargs) -> dict:
-    """k8s.manifests' arguments for a 2-worker, 1-ps job of `strategy`, with `kwargs` on top."""
+    """k8s.JobSpec's settings for a 2-worker, 1-ps job of `strategy`, with `kwargs` on top."""
     settings = dict(
         strategy_config=STRATEGIES[strategy],
         name="mnist",
@@ -50,7 +50,7 @@ def manifest_settings(strategy: str, **kwargs) -> dict:
 
 
 def build(strategy: str, **kwargs) -> list[dict]:
-    objects = k8s.manifests(**manifest_settings(strategy, **kwargs))
+    objects = k8s.manifests(k8s.JobSpec(**manifest_settings(strategy, **kwargs)))
     parsed = list(yaml.safe_load_all(k8s.to_yaml(objects)))
     assert parsed == objects, "the YAML does not read back as the objects it was written from"
     assert json.loads(k8s.to_json(objects))["items"] == objects
@@ -321,7 +321,7 @@ def test_bad_settings_name_the_fix(change, words):
     settings = manifest_settings("parameter_server", image="img:1")
     settings.update(change)
     with pytest.raises(k8s.ManifestError) as raised:
-        k8s.manifests(**settings)
+        k8s.JobSpec(**settings)
     for word in words:
         assert word in str(raised.value), str(raised.value)
 

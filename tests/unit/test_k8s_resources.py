@@ -117,7 +117,7 @@ def test_the_pods_run_in_the_workdir(flavor):
 def test_bad_resources_and_workdir_are_one_sentence(change, message):
     settings = manifest_settings("parameter_server", **change)
     with pytest.raises(k8s.ManifestError) as raised:
-        k8s.manifests(**settings)
+        k8s.manifests(k8s.JobSpec(**settings))
     assert str(raised.value) == message
 
 

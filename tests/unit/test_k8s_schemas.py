@@ -45,7 +45,7 @@ OPTIONS = {
 def manifests(flavor: str, strategy: str, **settings) -> list[dict]:
     defaults = dict(name="mnist", image="registry.example/trainer:1", train_args=TRAIN_ARGS)
     return k8s.manifests(
-        strategy_config=CONFIGS[strategy], flavor=flavor, **{**defaults, **settings}
+        k8s.JobSpec(strategy_config=CONFIGS[strategy], flavor=flavor, **{**defaults, **settings})
     )
 
 

@@ -10,8 +10,9 @@ from typing import Any
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.launch.flags import FLAGS
 from tfdist_trainer.launch.say import error
+from tfdist_trainer.plan import preflight
 
-#: k8s.manifests' keyword arguments (all but the job's own name, strategy and train_args) and the
+#: k8s.JobSpec's settings (all but the job's own name, strategy and train_args) and the
 #: tfdist-launch flag that gives each.
 OPTION_FLAGS = {
     "image": "image",
@@ -35,8 +36,8 @@ OPTION_FLAGS = {
 
 
 def manifest_options() -> dict[str, Any]:
-    """k8s.manifests' keyword arguments from the flags: the one place where a flag's value, or
-    its default, becomes the manifests' (tests/unit/test_k8s_defaults.py holds BUILD.md to it)."""
+    """k8s.JobSpec's settings from the flags: the one place where a flag's value, or its default,
+    becomes the manifests' (tests/unit/test_k8s_defaults.py holds BUILD.md to it)."""
     from tfdist_trainer.launch import k8s
 
     options = {arg: FLAGS[flag].value for arg, flag in OPTION_FLAGS.items()}
@@ -50,42 +51,50 @@ def manifest_options() -> dict[str, Any]:
 def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
     """--emit=k8s: writes the job's Kubernetes manifests; starts nothing."""
     from tfdist_trainer.launch import k8s
-    from tfdist_trainer.plan.gin_config import load_experiment
 
     try:
-        if FLAGS.num_workers < 0 or FLAGS.num_ps < 0:
-            raise ConfigError("--num_workers and --num_ps must be >= 0.")
-        if not settings.model_dir:
-            raise ConfigError(
-                "--model_dir is required after '--' (every pod needs the same shared one, e.g. "
-                "gs://bucket/run1 or a path on --k8s_volume)."
-            )
-        if not FLAGS.image:
-            raise ConfigError(
-                "--image is required with --emit=k8s; name an image that has tfdist_trainer, "
-                "your Trainer and your gin files installed."
-            )
-        k8s.check_train_args(train_args)
-        k8s.parse_resources(FLAGS.cpu, FLAGS.memory, FLAGS.k8s_resources)  # before the gin files
-        experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
-        name = FLAGS.k8s_name or k8s.dns_label(
-            os.path.basename(os.path.normpath(settings.model_dir)) or "tfdist"
+        preflight.check_task_counts(FLAGS.num_workers, FLAGS.num_ps)
+        prepared = preflight.prepare(
+            preflight.EMIT,
+            settings.model_dir,
+            settings.gin_file,
+            settings.gin_bindings,
+            settings.module,
+            before_gin=lambda: _check_before_gin(train_args),
         )
-        objects = k8s.manifests(
-            strategy_config=experiment.strategy_config,
-            name=name,
+        spec = k8s.JobSpec(
+            strategy_config=prepared.strategy_config,
+            name=FLAGS.k8s_name
+            or k8s.dns_label(os.path.basename(os.path.normpath(settings.model_dir)) or "tfdist"),
             train_args=train_args,
             **manifest_options(),
         )
+        objects = k8s.manifests(spec)
     except ConfigError as e:  # ClusterConfigError, ManifestError, ResourceError are ConfigErrors
         error(str(e))
-    text = k8s.to_yaml(objects) if FLAGS.k8s_format == "yaml" else k8s.to_json(objects)
+    notes = _notes(objects, spec, settings)
+    _write(k8s.to_yaml(objects) if FLAGS.k8s_format == "yaml" else k8s.to_json(objects), notes)
+
+
+def _check_before_gin(train_args: list[str]) -> None:
+    """What the manifests need that reading the gin files (slow: the user's modules) cannot fix."""
+    from tfdist_trainer.launch import k8s
+
+    k8s.check_image(FLAGS.image)
+    k8s.check_train_args(train_args)
+    k8s.parse_resources(FLAGS.cpu, FLAGS.memory, FLAGS.k8s_resources)
+
+
+def _notes(objects: list[dict[str, Any]], spec, settings: argparse.Namespace) -> list[str]:
+    """What the user reads on stderr after the manifests: what they are, and what to check."""
+    from tfdist_trainer.launch import k8s
+
     shared = settings.model_dir.startswith(("gs://", "s3://", "hdfs://")) or (
         FLAGS.k8s_volume
         and settings.model_dir.startswith(FLAGS.k8s_volume.partition(":")[2].rstrip("/") + "/")
     )
     notes = [
-        f"{', '.join(o['kind'] for o in objects)} for {experiment.strategy_config.name}; apply with "
+        f"{', '.join(o['kind'] for o in objects)} for {spec.strategy_config.name}; apply with "
         f"kubectl apply -f"
     ]
     if not shared:
@@ -94,6 +103,11 @@ def emit_manifests(train_args: list[str], settings: argparse.Namespace) -> None:
             f"under --k8s_volume)"
         )
     notes.extend(k8s.image_path_notes(settings.gin_file, settings.module, FLAGS.k8s_workdir))
+    return notes
+
+
+def _write(text: str, notes: list[str]) -> None:
+    """The manifests to --emit_file or stdout, then the notes to stderr."""
     if FLAGS.emit_file:
         try:
             with open(FLAGS.emit_file, "w") as f:

@@ -28,7 +28,6 @@ import sys
 from absl import app
 
 from tfdist_trainer.errors import EXIT_CONFIG, ConfigError
-from tfdist_trainer.io import model_dir as model_dir_lib
 from tfdist_trainer.io import storage
 from tfdist_trainer.launch import (
     console,
@@ -40,6 +39,7 @@ from tfdist_trainer.launch import (
 from tfdist_trainer.launch.flags import FLAGS, passthrough_settings
 from tfdist_trainer.launch.restart_budget import RestartBudget
 from tfdist_trainer.launch.say import say
+from tfdist_trainer.plan import preflight
 
 
 class _Interrupted(Exception):
@@ -69,22 +69,19 @@ def main(argv: list[str]) -> None:
         from tfdist_trainer.launch import netns
 
         netns.bring_loopback_up()  # `ip netns add` set it up already; `unshare -n` did not
-    from tfdist_trainer.plan.gin_config import load_experiment
-
     try:
-        if FLAGS.num_workers < 0 or FLAGS.num_ps < 0:
-            raise ConfigError("--num_workers and --num_ps must be >= 0.")
+        preflight.check_task_counts(FLAGS.num_workers, FLAGS.num_ps)
         # Checking model_dir (tf.io.gfile) and the user's Trainer both import TensorFlow: its
         # start-up lines are the same every task writes to its log.
         with console.quiet_stderr(_keep_line()):
-            model_dir_lib.check(
+            prepared = preflight.prepare(
+                preflight.LAUNCH,
                 settings.model_dir,
-                missing="--model_dir is required after '--' (the tasks share it); e.g. -- "
-                "--model_dir=/tmp/run1.",
-                shared_by="tfdist-launch runs each task in its own; use a path, file://, gs:// or "
-                "s3://",
+                settings.gin_file,
+                settings.gin_bindings,
+                settings.module,
             )
-            experiment = load_experiment(settings.gin_file, settings.gin_bindings, settings.module)
+        experiment = prepared.experiment
         policy = supervisor.RestartPolicy(FLAGS.restart_policy, FLAGS.backoff_limit)
         budget = RestartBudget(FLAGS.backoff_limit, FLAGS.backoff_window_s, FLAGS.restart_backoff_s)
         min_workers = supervisor.elastic_min_workers(
@@ -97,7 +94,7 @@ def main(argv: list[str]) -> None:
             evaluator=FLAGS.evaluator,
             host=FLAGS.host,
         )
-        model_dir_lib.create(settings.model_dir)
+        prepared.create_model_dir()
         try:  # logs: user-only, even if model_dir existed
             storage.make_private_dir(storage.join(settings.model_dir, "logs"))
         except OSError as e:

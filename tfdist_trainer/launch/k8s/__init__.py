@@ -40,13 +40,13 @@ The output is YAML written by PyYAML (a runtime dependency: block style, keys
 in the order built, no anchors; a string that PyYAML or Kubernetes' Go parser
 would read as a number or a boolean is quoted), or JSON (a ``v1 List``).
 
-One module per flavor (`tfjob`, `indexed`, `jobset`); `job` checks the settings once
-(`JobSpec`), `objects` builds what every flavor shares, `output` writes the text.
+One module per flavor (`tfjob`, `indexed`, `jobset`), each building from one `JobSpec` (`job`:
+the settings, checked once when it is made); `objects` builds what every flavor shares, `output`
+writes the text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from tfdist_trainer.launch.k8s.image import image_path_notes
@@ -65,9 +65,9 @@ from tfdist_trainer.launch.k8s.job import (
     TYPE_LABEL,
     JobSpec,
     ManifestError,
+    check_image,
     check_train_args,
     dns_label,
-    job_spec,
 )
 from tfdist_trainer.launch.k8s.jobset import jobset_manifests, jobset_task_address
 from tfdist_trainer.launch.k8s.objects import network_policy
@@ -92,10 +92,10 @@ __all__ = [
     "TYPE_LABEL",
     "JobSpec",
     "ManifestError",
+    "check_image",
     "check_train_args",
     "dns_label",
     "image_path_notes",
-    "job_spec",
     "jobset_task_address",
     "manifests",
     "network_policy",
@@ -110,65 +110,7 @@ __all__ = [
 _BUILDERS = {"tfjob": tfjob_manifests, "indexed": indexed_manifests, "jobset": jobset_manifests}
 
 
-def manifests(
-    *,
-    strategy_config,
-    name: str,
-    image: str,
-    train_args: Sequence[str],
-    flavor: str = "tfjob",
-    num_workers: int = 2,
-    num_ps: int = 1,
-    evaluator: bool = False,
-    namespace: str | None = None,
-    cpu: str | None = None,
-    memory: str | None = None,
-    resources: Sequence[str] = (),
-    gpus: int = 0,
-    port: int = DEFAULT_PORT,
-    restart_policy: str = DEFAULT_RESTART_POLICY,
-    backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
-    grace_s: int = DEFAULT_GRACE_S,
-    volume: str | None = None,
-    image_pull_policy: str | None = None,
-    workdir: str | None = DEFAULT_WORKDIR,
-) -> list[dict[str, Any]]:
-    """The Kubernetes objects of one job, in the order to apply them.
-
-    Args:
-      strategy_config: the job's strategies.StrategyConfig (from its gin files).
-      name: the job's name; a DNS label (see `dns_label`).
-      image: a container image with this package, the user's code and the gin files installed.
-      train_args: the `tfdist-train` arguments, identical for every task.
-      flavor: 'tfjob' (Kubeflow training operator), 'indexed' (plain Kubernetes Jobs) or 'jobset'.
-      cpu, memory: every task's CPU request and memory request (= limit), e.g. '4', '8Gi'.
-      resources: 'ROLE:cpu=N,memory=M' each, one role's values instead of `cpu`/`memory`.
-      volume: 'CLAIM:/mount/path', a PersistentVolumeClaim mounted in every pod (the shared model_dir).
-      workdir: the containers' workingDir, where relative --gin_file paths and --module names in
-        `train_args` resolve; None or '': the image's own WORKDIR.
-      restart_policy: Never, OnFailure or ExitCode (Kubeflow's: only exit codes 128-255 are retried).
-      grace_s: every pod's terminationGracePeriodSeconds; above the tasks' --preemption_grace_s.
-    """
-    spec = job_spec(
-        strategy_config=strategy_config,
-        name=name,
-        image=image,
-        train_args=train_args,
-        flavor=flavor,
-        num_workers=num_workers,
-        num_ps=num_ps,
-        evaluator=evaluator,
-        namespace=namespace,
-        cpu=cpu,
-        memory=memory,
-        resources=resources,
-        gpus=gpus,
-        port=port,
-        restart_policy=restart_policy,
-        backoff_limit=backoff_limit,
-        grace_s=grace_s,
-        volume=volume,
-        image_pull_policy=image_pull_policy,
-        workdir=workdir,
-    )
-    return _BUILDERS[flavor](spec)
+def manifests(spec: JobSpec) -> list[dict[str, Any]]:
+    """The Kubernetes objects of one job (its settings checked once, as a `JobSpec`), in the order
+    to apply them."""
+    return _BUILDERS[spec.flavor](spec)

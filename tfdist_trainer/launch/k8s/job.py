@@ -72,6 +72,15 @@ def dns_label(text: str, max_len: int = 40) -> str:
     return label
 
 
+def check_image(image: str | None) -> None:
+    """Every pod runs `image`: there is no default."""
+    if not image:
+        raise ManifestError(
+            "--image is required with --emit=k8s; name an image that has tfdist_trainer, your "
+            "Trainer and your gin files installed."
+        )
+
+
 def check_train_args(train_args: Sequence[str]) -> None:
     """On Kubernetes the cluster comes from TF_CONFIG: cluster flags would contradict it."""
     for arg in train_args:
@@ -105,129 +114,129 @@ def _seconds_flag(train_args: Sequence[str], name: str, default: float) -> float
 
 @dataclasses.dataclass(frozen=True)
 class JobSpec:
-    """A job's settings for its manifests, checked (see `job_spec`): what every flavor builds from."""
+    """A job's settings for its manifests, checked once when it is made: what every flavor builds from.
+
+    Every mistake is one ManifestError naming the fix (a ConfigError: tfdist-launch's exit 2). The
+    fields after `workdir` are derived from the others.
+
+    Args:
+      strategy_config: the job's strategies.StrategyConfig (from its gin files).
+      name: the job's name; a DNS label (see `dns_label`).
+      image: a container image with this package, the user's code and the gin files installed.
+      train_args: the `tfdist-train` arguments, identical for every task.
+      flavor: 'tfjob' (Kubeflow training operator), 'indexed' (plain Kubernetes Jobs) or 'jobset'.
+      cpu, memory: every task's CPU request and memory request (= limit), e.g. '4', '8Gi'.
+      resources: 'ROLE:cpu=N,memory=M' each, one role's values instead of `cpu`/`memory`.
+      restart_policy: Never, OnFailure or ExitCode (Kubeflow's: only exit codes 128-255 are retried).
+      grace_s: every pod's terminationGracePeriodSeconds; above the tasks' --preemption_grace_s.
+      volume: 'CLAIM:/mount/path', a PersistentVolumeClaim mounted in every pod (the shared model_dir).
+      workdir: the containers' workingDir, where relative --gin_file paths and --module names in
+        `train_args` resolve; None or '': the image's own WORKDIR.
+    """
 
     strategy_config: Any
     name: str
     image: str
-    train_args: tuple[str, ...]
+    train_args: Sequence[str]
+    flavor: str = "tfjob"
+    num_workers: int = 2
+    num_ps: int = 1
+    evaluator: bool = False
+    namespace: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    resources: Sequence[str] = ()
+    gpus: int = 0
+    port: int = DEFAULT_PORT
+    restart_policy: str = DEFAULT_RESTART_POLICY
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    grace_s: int = DEFAULT_GRACE_S
+    volume: str | None = None
+    image_pull_policy: str | None = None
+    workdir: str | None = DEFAULT_WORKDIR
     #: task type -> count, in start order (`task_layout`)
-    layout: dict[str, int]
-    namespace: str | None
+    layout: dict[str, int] = dataclasses.field(init=False, compare=False)
     #: task type -> its CPU and memory (`resources.role_resources`)
-    resources: dict[str, Resources]
-    gpus: int
-    port: int
-    restart_policy: str
-    backoff_limit: int
-    #: the pods' terminationGracePeriodSeconds
-    grace_s: int
+    role_resources: dict[str, Resources] = dataclasses.field(init=False, compare=False)
     #: (PersistentVolumeClaim, mount path) of the shared model_dir, or None
-    mount: tuple[str, str] | None
-    image_pull_policy: str | None
-    #: the containers' workingDir; None: the image's own WORKDIR
-    workdir: str | None
+    mount: tuple[str, str] | None = dataclasses.field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Sequences as tuples (the spec is immutable), no workdir as None.
+        object.__setattr__(self, "train_args", tuple(self.train_args))
+        object.__setattr__(self, "resources", tuple(self.resources))
+        object.__setattr__(self, "workdir", self.workdir or None)
+        self._check_settings()
+        object.__setattr__(self, "mount", _mount(self.volume))
+        if self.workdir and not self.workdir.startswith("/"):
+            raise ManifestError(
+                f"--k8s_workdir must be an absolute path in the image (e.g. {DEFAULT_WORKDIR}), "
+                f"got {self.workdir!r}."
+            )
+        check_train_args(self.train_args)
+        layout = _layout(self)
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "role_resources", _role_resources(self, layout))
+
+    def _check_settings(self) -> None:
+        if self.flavor not in FLAVORS:
+            raise ManifestError(
+                f"--k8s_flavor must be one of {', '.join(FLAVORS)}, got {self.flavor!r}."
+            )
+        check_image(self.image)
+        if self.name != dns_label(self.name):
+            raise ManifestError(
+                f"job name {self.name!r} is not a DNS label of at most 40 characters; use e.g. "
+                f"{dns_label(self.name)!r}."
+            )
+        if self.restart_policy not in ("Never", "OnFailure", "ExitCode"):
+            raise ManifestError(
+                f"restart policy must be Never, OnFailure or ExitCode, got {self.restart_policy!r}."
+            )
+        if not 0 < self.port < 65536:
+            raise ManifestError(f"--k8s_port must be in 1..65535, got {self.port}.")
+        if self.gpus < 0 or self.backoff_limit < 0:
+            raise ManifestError("--gpus and --backoff_limit must be >= 0.")
+        preemption_grace_s = _seconds_flag(
+            self.train_args, "preemption_grace_s", markers.DEFAULT_PREEMPTION_GRACE_S
+        )
+        if self.grace_s <= preemption_grace_s:
+            raise ManifestError(
+                f"--k8s_grace_s ({self.grace_s}) must exceed the tasks' --preemption_grace_s "
+                f"({preemption_grace_s:g}): a preempted ps holds its exit that long while the chief "
+                f"saves, and the kubelet kills the pod at --k8s_grace_s; raise --k8s_grace_s."
+            )
 
 
-def job_spec(
-    *,
-    strategy_config,
-    name: str,
-    image: str,
-    train_args: Sequence[str],
-    flavor: str = "tfjob",
-    num_workers: int = 2,
-    num_ps: int = 1,
-    evaluator: bool = False,
-    namespace: str | None = None,
-    cpu: str | None = None,
-    memory: str | None = None,
-    resources: Sequence[str] = (),
-    gpus: int = 0,
-    port: int = DEFAULT_PORT,
-    restart_policy: str = DEFAULT_RESTART_POLICY,
-    backoff_limit: int = DEFAULT_BACKOFF_LIMIT,
-    grace_s: int = DEFAULT_GRACE_S,
-    volume: str | None = None,
-    image_pull_policy: str | None = None,
-    workdir: str | None = DEFAULT_WORKDIR,
-) -> JobSpec:
-    """Checks a job's settings for its manifests; every mistake is one ManifestError naming the fix.
+def _mount(volume: str | None) -> tuple[str, str] | None:
+    if not volume:
+        return None
+    claim, _, path = volume.partition(":")
+    if not claim or not path.startswith("/"):
+        raise ManifestError(f"--k8s_volume must look like CLAIM:/mount/path, got {volume!r}.")
+    return (claim, path)
 
-    Args: as `tfdist_trainer.launch.k8s.manifests`.
-    """
-    if flavor not in FLAVORS:
-        raise ManifestError(f"--k8s_flavor must be one of {', '.join(FLAVORS)}, got {flavor!r}.")
-    if not image:
-        raise ManifestError(
-            "--image is required with --emit=k8s; name an image that has tfdist_trainer, your "
-            "Trainer and your gin files installed."
-        )
-    if name != dns_label(name):
-        raise ManifestError(
-            f"job name {name!r} is not a DNS label of at most 40 characters; use e.g. "
-            f"{dns_label(name)!r}."
-        )
-    if restart_policy not in ("Never", "OnFailure", "ExitCode"):
-        raise ManifestError(
-            f"restart policy must be Never, OnFailure or ExitCode, got {restart_policy!r}."
-        )
-    if not 0 < port < 65536:
-        raise ManifestError(f"--k8s_port must be in 1..65535, got {port}.")
-    if gpus < 0 or backoff_limit < 0:
-        raise ManifestError("--gpus and --backoff_limit must be >= 0.")
-    preemption_grace_s = _seconds_flag(
-        train_args, "preemption_grace_s", markers.DEFAULT_PREEMPTION_GRACE_S
-    )
-    if grace_s <= preemption_grace_s:
-        raise ManifestError(
-            f"--k8s_grace_s ({grace_s}) must exceed the tasks' --preemption_grace_s "
-            f"({preemption_grace_s:g}): a preempted ps holds its exit that long while the chief "
-            f"saves, and the kubelet kills the pod at --k8s_grace_s; raise --k8s_grace_s."
-        )
-    mount = None
-    if volume:
-        claim, _, path = volume.partition(":")
-        if not claim or not path.startswith("/"):
-            raise ManifestError(f"--k8s_volume must look like CLAIM:/mount/path, got {volume!r}.")
-        mount = (claim, path)
-    if workdir and not workdir.startswith("/"):
-        raise ManifestError(
-            f"--k8s_workdir must be an absolute path in the image (e.g. {DEFAULT_WORKDIR}), got "
-            f"{workdir!r}."
-        )
-    check_train_args(train_args)
+
+def _layout(spec: JobSpec) -> dict[str, int]:
     try:
-        layout = task_layout(
-            strategy_config, num_workers=num_workers, num_ps=num_ps, evaluator=evaluator
+        return task_layout(
+            spec.strategy_config,
+            num_workers=spec.num_workers,
+            num_ps=spec.num_ps,
+            evaluator=spec.evaluator,
         )
     except ClusterConfigError as e:
         raise ManifestError(str(e)) from None
+
+
+def _role_resources(spec: JobSpec, layout: dict[str, int]) -> dict[str, Resources]:
     try:
-        per_role = role_resources(
+        return role_resources(
             layout,
-            cpu=cpu,
-            memory=memory,
-            overrides=resources,
-            strategy_name=getattr(strategy_config, "name", "") or "this",
+            cpu=spec.cpu,
+            memory=spec.memory,
+            overrides=spec.resources,
+            strategy_name=getattr(spec.strategy_config, "name", "") or "this",
         )
     except ResourceError as e:
         raise ManifestError(str(e)) from None
-
-    return JobSpec(
-        strategy_config=strategy_config,
-        name=name,
-        image=image,
-        train_args=tuple(train_args),
-        layout=layout,
-        namespace=namespace,
-        resources=per_role,
-        gpus=gpus,
-        port=port,
-        restart_policy=restart_policy,
-        backoff_limit=backoff_limit,
-        grace_s=grace_s,
-        mount=mount,
-        image_pull_policy=image_pull_policy,
-        workdir=workdir or None,
-    )

@@ -160,7 +160,7 @@ def container_for(
 ) -> dict[str, Any]:
     """The tfdist-train container of a task of `task_type` (GPUs only where the strategy runs steps)."""
     gpu = spec.gpus if spec.strategy_config.runs_steps(task_type) else 0
-    own = spec.resources[task_type]
+    own = spec.role_resources[task_type]
     return tfdist_container(
         image=spec.image,
         train_args=spec.train_args,
