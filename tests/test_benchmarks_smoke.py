@@ -166,10 +166,16 @@ def test_dynamic_tables_smoke_compares_with_fixed_tables_in_the_same_run(tmp_pat
     stdout = run_smoke("benchmarks.dynamic_tables", out, timeout=240)
     payload = load(out, "dynamic_tables")
     assert payload["baseline"] == "fixed"
-    assert set(payload["results"]) == {"one_device/fixed", "one_device/dynamic"}
+    assert set(payload["results"]) == {
+        "one_device/fixed",
+        "one_device/dynamic",
+        "one_device/dynamic_per_table",
+    }
     assert all(r["examples_per_s"] > 0 and 0 < r["auc"] < 1 for r in payload["results"].values())
-    dynamic = payload["results"]["one_device/dynamic"]
-    assert 0 < dynamic["tables"]["rows_in_use"] <= dynamic["tables"]["admitted"], dynamic
+    dynamic = payload["results"]["one_device/dynamic"]  # stacked, as dynamic.gin
+    for variant in ("one_device/dynamic", "one_device/dynamic_per_table"):
+        tables = payload["results"][variant]["tables"]
+        assert 0 < tables["rows_in_use"] <= tables["admitted"], (variant, tables)
     speed, auc = check_figures(payload, at_least=2)
     assert speed["target"] == ">= 0.7" and speed["ratio"] == dynamic["ratio_to_fixed"]
     assert auc["unit"] == "AUC" and auc["value"] == dynamic["auc"]

@@ -96,6 +96,10 @@ class ClickTrainer(Trainer):
         ids, open or strings, hashed into them by `BucketHash`).
       min_count: with dynamic tables, sightings before an id gets its own row.
       max_age_steps: with dynamic tables, rows not seen for that many steps are freed.
+      stacked_tables: with dynamic tables, the features' tables as one `DynamicEmbedding` of
+        their summed capacity (``stacked_features``: each feature its own key space and default
+        row, one hash-table step per shard instead of one per feature: the fast layout); the
+        features then share the capacity and the LFU eviction. Needs one embedding_dim.
       global_batch_size, eval_batch_size: Trainer's; None: its gin bindings
         (`Trainer.global_batch_size`) or defaults.
     """
@@ -123,6 +127,7 @@ class ClickTrainer(Trainer):
         dynamic_capacity: int | Sequence[int] | None = None,
         min_count: int = 1,
         max_age_steps: int | None = None,
+        stacked_tables: bool = False,
         global_batch_size: int | None = None,
         eval_batch_size: int | None = None,
     ):
@@ -167,6 +172,12 @@ class ClickTrainer(Trainer):
             if dynamic_capacity is None
             else _per_feature("dynamic_capacity", dynamic_capacity, count)
         )
+        if stacked_tables and len(set(self.embedding_dims)) != 1:
+            raise ValueError(
+                f"ClickTrainer.stacked_tables needs one embedding_dim for every feature, got "
+                f"{sorted(set(self.embedding_dims))}."
+            )
+        self.stacked_tables = bool(stacked_tables) and self.dynamic_capacity is not None
         self.id_space = id_space
         self.key_dtype = key_dtype
         self.min_count = min_count
@@ -211,13 +222,17 @@ class ClickTrainer(Trainer):
                 (len(self.vocab_sizes),), dtype=self.key_dtype, name="categorical"
             )
             wide_terms, deep_terms = [dense_linear(dense_in)], [dense_bottom(dense_in)]
+            stacked = self._stacked_table()(categorical_in) if self.stacked_tables else None
             for f, (vocab, dim, shards) in enumerate(
                 zip(self.vocab_sizes, self.embedding_dims, self.num_shards)
             ):
                 ids = categorical_in[:, f]
                 if self.dynamic_capacity is None and self._raw_ids():
                     ids = BucketHash(vocab, name=f"bucket_hash_{f}")(ids)
-                rows = self._table(f, vocab, dim, shards)(ids)
+                if stacked is not None:
+                    rows = stacked[:, f]
+                else:
+                    rows = self._table(f, vocab, dim, shards)(ids)
                 wide_terms.append(rows[:, :1])  # the feature's wide (linear) weight
                 deep_terms.append(rows[:, 1:])  # its deep embedding
             x = keras.layers.Concatenate(name="deep_concat")(deep_terms)
@@ -252,6 +267,21 @@ class ClickTrainer(Trainer):
             partition_strategy=self.partition_strategy,
             embeddings_initializer=initializer,
             name=f"table_{f}",
+        )
+
+    def _stacked_table(self) -> keras.layers.Layer:
+        """Every feature's dynamic table as one (`stacked_tables`): the capacities summed."""
+        shards = {s for s in self.num_shards}
+        return sharding.DynamicEmbedding(
+            1 + self.embedding_dims[0],
+            sum(self.dynamic_capacity),
+            num_shards=max(shards) if None not in shards else None,
+            key_dtype=self.key_dtype,
+            min_count=self.min_count,
+            max_age_steps=self.max_age_steps,
+            embeddings_initializer=keras.initializers.RandomUniform(-0.01, 0.01),
+            stacked_features=len(self.vocab_sizes),
+            name="tables",
         )
 
     def _raw_ids(self) -> bool:

@@ -225,6 +225,7 @@ def test_a_checkpoint_round_trips_keys_rows_slots_and_counts_and_a_resumed_run_c
         ({"max_age_steps": 0}, "max_age_steps must be None or an integer >= 1"),
         ({"key_dtype": "float32"}, "key_dtype must be 'int64' or 'string'"),
         ({"embeddings_initializer": "glorot_uniform"}, "embeddings_initializer must be one of"),
+        ({"stacked_features": 0}, "stacked_features must be None or an integer >= 1"),
     ],
 )
 def test_bad_arguments_are_one_sentence(kwargs, fragment):
@@ -433,3 +434,64 @@ def test_a_long_run_of_new_keys_keeps_the_hash_tables_usable(min_count):
     stats = _stats(layer)
     assert stats["rows_in_use"] <= 64 and (stats["evicted"] > 1000 or min_count == 2)
     assert all(_row(layer, k) >= 0 for k in range(16))  # the frequent keys keep their rows
+
+
+def test_stacked_features_are_key_spaces_of_their_own_with_a_default_row_each():
+    layer = _layer(capacity=16, stacked_features=3)
+    assert layer.default_row.shape == (3, 4)
+    keys = tf.constant([[5, 5, 5], [5, 6, 7]], tf.int64)  # key 5 in each of the 3 features
+    out = layer(keys, training=True).numpy()
+    assert out.shape == (2, 3, 4)
+    assert _stats(layer)["rows_in_use"] == 5  # (0,5) (1,5) (2,5) (1,6) (2,7)
+    assert not np.allclose(out[0, 0], out[0, 1]) and not np.allclose(out[0, 1], out[0, 2])
+    np.testing.assert_array_equal(out[0, 0], out[1, 0])  # one (feature, key): one row
+    # Unseen keys read their feature's default row (and train it).
+    unseen = layer(tf.constant([[100, 101, 102]], tf.int64)).numpy()
+    np.testing.assert_array_equal(unseen[0], layer.default_row.numpy())
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(
+            layer(tf.constant([[100, 5, 102]], tf.int64)) * [[[1.0], [2.0], [3.0]]]
+        )
+    grads = dict(
+        zip(
+            [v.name for v in layer.trainable_variables],
+            tape.gradient(loss, layer.trainable_variables),
+        )
+    )
+    default_grad = tf.convert_to_tensor(grads["default_row"]).numpy()
+    np.testing.assert_array_equal(default_grad[:, 0], [1.0, 0.0, 3.0])  # feature 1's key has a row
+
+
+def test_stacked_keys_need_one_key_of_each_feature_on_the_last_axis():
+    layer = _layer(stacked_features=3)
+    with pytest.raises(
+        ConfigError,
+        match=r"stacked_features=3 needs keys whose last axis holds one key of each of the 3 features",
+    ):
+        layer(tf.constant([[1, 2]], tf.int64), training=True)
+
+
+def test_a_stacked_table_trained_on_two_shards_restores_onto_one_with_the_same_lookups(tmp_path):
+    def stacked(shards):
+        layer = _layer(capacity=64, stacked_features=2, num_shards=shards, key_dtype="string")
+        return layer
+
+    layer = stacked(2)
+    optimizer = sharding.SparseAdagrad(0.2)
+    optimizer.build(layer.trainable_variables)
+    rng = np.random.default_rng(0)
+    keys = np.array([f"{x:06x}" for x in rng.integers(0, 2**24, size=40)])[
+        rng.integers(0, 40, size=(200, 2))
+    ]
+    for i in range(0, 200, 20):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(
+                tf.square(layer(tf.constant(keys[i : i + 20]), training=True) - 1.0)
+            )
+        optimizer.apply(tape.gradient(loss, layer.trainable_variables), layer.trainable_variables)
+    path = tf.train.Checkpoint(layer=layer).save(str(tmp_path / "ckpt"))
+    copy = stacked(1)
+    tf.train.Checkpoint(layer=copy).read(path).expect_partial()
+    probe = tf.constant(np.concatenate([keys[:50], [["new-a", "new-b"]]]))
+    np.testing.assert_allclose(copy(probe).numpy(), layer(probe).numpy(), rtol=0, atol=1e-6)
+    assert _stats(copy)["rows_in_use"] == _stats(layer)["rows_in_use"] > 40

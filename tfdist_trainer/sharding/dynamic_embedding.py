@@ -18,6 +18,14 @@ the layer gathers those rows of the pool, and the pool's gradient is
 `tf.IndexedSlices` (`sharding.SGD` and `sharding.SparseAdagrad` update only
 those rows; their slot rows are reset with evicted rows).
 
+Many small tables cost little with ``stacked_features``: keys whose last axis
+holds one key of each of F features share one table (a key is the pair
+(feature, key), dynamic_keys.stacked_keys), with one default row per feature.
+A training step then runs one hash-table step per shard, not F: the 26 tables
+of the click model are one table's work (table stacking, as TPU embeddings
+and TorchRec's fused tables do). The features share the capacity and the LFU
+eviction, so rows go to the features whose keys are used most.
+
 Strategies: one_device (or none) and parameter_server. Under mirrored,
 multi_worker_mirrored and model_parallel every replica (or device stage)
 would need the same key -> row map, so building the layer there is a
@@ -36,7 +44,12 @@ import tensorflow as tf
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
-from tfdist_trainer.sharding.dynamic_keys import KEY_DTYPES, as_int64_keys, shard_of
+from tfdist_trainer.sharding.dynamic_keys import (
+    KEY_DTYPES,
+    as_int64_keys,
+    shard_of,
+    stacked_keys,
+)
 from tfdist_trainer.sharding.dynamic_table import COUNTERS, DynamicTableShard
 from tfdist_trainer.sharding.shard_placement import (
     create_on,
@@ -109,6 +122,11 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
       embeddings_initializer: RandomUniform, RandomNormal, TruncatedNormal,
         Zeros, Ones or Constant (evicted rows are drawn anew from it).
       devices: under parameter_server, the ps devices the shards may use.
+      stacked_features: the keys' last axis holds one key of each of this many
+        features, each its own key space (key k of two features: two keys);
+        they share the table's capacity and eviction, and each feature has a
+        default row of its own. A step then costs one table's hash-table work,
+        not one per feature (module doc). None: one key space.
 
     In training (``training=True``) unknown keys are counted, admitted and
     given rows; otherwise lookups only read, and unknown keys read the default row.
@@ -125,6 +143,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         max_age_steps: int | None = None,
         embeddings_initializer: Any = "uniform",
         devices: Sequence[str] | None = None,
+        stacked_features: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -147,6 +166,11 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
             raise ConfigError(
                 f"{self.name}: num_shards must be None or an integer >= 1, got {num_shards!r}."
             )
+        if stacked_features is not None and not _positive_int(stacked_features):
+            raise ConfigError(
+                f"{self.name}: stacked_features must be None or an integer >= 1, "
+                f"got {stacked_features!r}."
+            )
         if key_dtype not in KEY_DTYPES:
             raise ConfigError(
                 f"{self.name}: key_dtype must be 'int64' or 'string', got {key_dtype!r}."
@@ -166,6 +190,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         self.max_age_steps = None if max_age_steps is None else int(max_age_steps)
         self.embeddings_initializer = initializer
         self.devices = list(devices) if devices else None
+        self.stacked_features = None if stacked_features is None else int(stacked_features)
 
     # -- variables -----------------------------------------------------------------
     def build(self, input_shape=None):
@@ -184,7 +209,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         with create_on(placement[0], strategy):
             self.default_row = self.add_weight(
                 name="default_row",
-                shape=(1, self.output_dim),
+                shape=(self.stacked_features or 1, self.output_dim),
                 initializer=shard_initializer(self.embeddings_initializer, count),
                 dtype=self.variable_dtype,
             )
@@ -251,32 +276,49 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         if isinstance(training, tf.Tensor):
             raise ConfigError(f"{self.name}: training must be a Python bool, not a tensor.")
         insert = bool(training)
-        unique, position, counts = tf.unique_with_counts(tf.reshape(keys, [-1]), out_idx=tf.int32)
+        features = None
+        if self.stacked_features:
+            keys, features = stacked_keys(self.name, keys, self.stacked_features)
+        flat = tf.reshape(keys, [-1])
+        unique, position, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
         counts = tf.cast(counts, tf.int64)
+        if features is not None:  # each distinct key's feature: the one at its first position
+            first = tf.math.unsorted_segment_min(tf.range(tf.size(flat)), position, tf.size(unique))
+            features = tf.gather(tf.reshape(features, [-1]), first)
         shards = self.shards
         if len(shards) == 1:
-            vectors = self._vectors(shards[0], unique, counts, insert)
+            vectors = self._vectors(shards[0], unique, counts, features, insert)
         else:
             shard = shard_of(unique, len(shards))
             positions = tf.dynamic_partition(tf.range(tf.size(unique)), shard, len(shards))
             key_parts = tf.dynamic_partition(unique, shard, len(shards))
             count_parts = tf.dynamic_partition(counts, shard, len(shards))
+            feature_parts = (
+                [None] * len(shards)
+                if features is None
+                else tf.dynamic_partition(features, shard, len(shards))
+            )
             parts = [
-                self._vectors(s, k, c, insert) for s, k, c in zip(shards, key_parts, count_parts)
+                self._vectors(s, k, c, f, insert)
+                for s, k, c, f in zip(shards, key_parts, count_parts, feature_parts)
             ]
             vectors = tf.dynamic_stitch(positions, parts)
         out = tf.reshape(tf.gather(vectors, position), out_shape)
         return tf.cast(out, self.compute_dtype)
 
-    def _vectors(self, shard: DynamicTableShard, keys, counts, insert: bool) -> tf.Tensor:
-        """The vector of each key: its row of the shard's pool, or the default row (which then
-        gets the key's gradient; the pool's gradient holds only rows of keys that have one)."""
+    def _vectors(self, shard: DynamicTableShard, keys, counts, features, insert: bool) -> tf.Tensor:
+        """The vector of each key: its row of the shard's pool, or the default row (of its feature
+        when stacked), which then gets the key's gradient; the pool's gradient holds only rows of
+        keys that have one."""
         rows = shard.lookup_or_insert(keys, counts) if insert else shard.lookup(keys)
         has_row = rows >= 0
         at_rows = tf.cast(tf.where(has_row)[:, 0], tf.int32)
         at_default = tf.cast(tf.where(~has_row)[:, 0], tf.int32)
-        default = tf.tile(self.default_row, [tf.size(at_default), 1])
-        pooled = tf_compat.sparse_read(shard.pool, tf.boolean_mask(rows, has_row))
+        if features is None:
+            default = tf.tile(self.default_row, [tf.size(at_default), 1])
+        else:
+            default = tf.gather(self.default_row, tf.gather(features, at_default))
+        pooled = tf_compat.sparse_read(shard.pool, tf.gather(rows, at_rows))
         return tf.dynamic_stitch([at_rows, at_default], [pooled, default])
 
     def compute_output_shape(self, input_shape):
@@ -293,6 +335,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
             max_age_steps=self.max_age_steps,
             embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
             devices=self.devices,
+            stacked_features=self.stacked_features,
         )
         return config
 
