@@ -35,7 +35,7 @@ from clusterlib import (
     train_cmd,
 )
 
-from tfdist_trainer.model_parallel import placement as placement_lib
+from tfdist_trainer.runtime.strategies.model_parallel import placement as placement_lib
 
 TIMEOUT_S = 240
 PLAN_2 = "{'embed': 0, 'block_0': 0, 'block_1': 1, 'head': 1}"
@@ -247,7 +247,7 @@ GRADIENTS_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
     from tfdist_trainer.plan.strategies import ModelParallel
-    from tfdist_trainer.model_parallel import placement as placement_lib, step as step_lib
+    from tfdist_trainer.runtime.strategies.model_parallel import placement as placement_lib, step as step_lib
     from tfdist_trainer.runtime import state as state_lib, strategies
     from tfdist_trainer.errors import ConfigError
 

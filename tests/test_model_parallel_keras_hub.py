@@ -44,7 +44,7 @@ GRAPH_SCRIPT = textwrap.dedent("""
     strategies.prepare_devices(config)  # before TensorFlow starts
     import keras, tensorflow as tf
     from recipes.keras_hub import trainer as hub
-    from tfdist_trainer.model_parallel import step as step_lib
+    from tfdist_trainer.runtime.strategies.model_parallel import step as step_lib
     from tfdist_trainer.plan.model_parallel_plan import short_device
 
     keras.utils.set_random_seed(3)

@@ -2,8 +2,8 @@
 
 A plan maps layers to device indices: a dict or a list of ``(regex, index)``
 pairs matched against layer paths, or ``'auto'`` (contiguous stages of about
-equal parameter bytes). `tfdist_trainer.model_parallel.placement` applies a
-parsed plan to a built model; see its docstring for the rules.
+equal parameter bytes). `tfdist_trainer.runtime.strategies.model_parallel.placement`
+applies a parsed plan to a built model; see its docstring for the rules.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from absl import logging
 from tfdist_trainer import sharding, tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.io import storage
-from tfdist_trainer.model_parallel import layer_table
 from tfdist_trainer.runtime import whole_tables
+from tfdist_trainer.runtime.logs import layer_table
 from tfdist_trainer.runtime.strategies import StrategyRuntime
 from tfdist_trainer.sharding.shard_placement import task_of
 from tfdist_trainer.trainers import clipping, compiled, sparse_reduce
@@ -119,7 +119,7 @@ def log_placement(trainer: Trainer, whole_table_warning_bytes: int | None = None
     """Where every variable lives, once, on the chief: one summary line for the console
     (variables, bytes per task, the ps imbalance, the largest variable), a warning for each
     variable of at least `whole_table_warning_bytes` placed whole on one ps; the whole table (variable, shape, bytes,
-    device) in the task's log, logged from `model_parallel.layer_table`, a source the
+    device) in the task's log, logged from `runtime.logs.layer_table`, a source the
     launcher's console filter keeps in the log, and in model_dir/variable_placement.json."""
     variables = list(trainer.model.variables) + (
         list(trainer.optimizer.variables) if trainer.optimizer else []

@@ -25,7 +25,7 @@ from tfdist_trainer.plan.strategies.multi_worker_mirrored import MultiWorkerMirr
 class ModelParallel(StrategyConfig):
     """One replica whose layers are placed on several devices, optionally pipelined over micro-batches.
 
-    See tfdist_trainer/model_parallel/placement.py for how a plan places layers and how the
+    See tfdist_trainer/runtime/strategies/model_parallel/ (placement.py, step.py) for how a plan places layers and how the
     pipelined step works.
 
     Args:

@@ -3,9 +3,17 @@
 The TensorFlow half of `plan/strategies/model_parallel.py`. One replica (the default
 strategy), or under data_parallel='multi_worker_mirrored' one replica a worker; the plan's
 devices are created before TF starts (`prepare_devices`). This runtime places the user's
-model (`prepare_model`, `model_built`: `model_parallel/placement.py`), reports the placement
-(`state_built`) and builds the step, pipelined over micro-batches when asked
-(`train_step_fn`, `gradients_fn`: `model_parallel/step.py`).
+model (`prepare_model`, `model_built`: `placement`), reports the placement (`state_built`)
+and builds the step, pipelined over micro-batches when asked (`train_step_fn`,
+`gradients_fn`: `step`).
+
+The machinery only this strategy uses lives beside it, one job a module:
+
+  placement         which device each layer builds and runs on (`Placement`)
+  layer_tree        the model as a tree of layers, each once, in call order
+  devices           putting a layer's ops and variables on its device
+  placement_report  the placement's console lines, log table and placement.json
+  step              the pipelined training step (micro-batches, one update)
 """
 
 from __future__ import annotations
@@ -123,7 +131,7 @@ class ModelParallelRuntime(StrategyRuntime):
             logging.vlog(1, "%s", line)
 
     def prepare_model(self, model: Any) -> Any:
-        from tfdist_trainer.model_parallel import placement as placement_lib
+        from tfdist_trainer.runtime.strategies.model_parallel import placement as placement_lib
 
         self.placement = placement_lib.Placement(
             model,
@@ -164,7 +172,7 @@ class ModelParallelRuntime(StrategyRuntime):
             self._log(f"model_parallel placement written to {path}")
 
     def gradients_fn(self, trainer: Any) -> Any:
-        from tfdist_trainer.model_parallel import step as step_lib
+        from tfdist_trainer.runtime.strategies.model_parallel import step as step_lib
 
         step_lib.warn_pipelined_batch_norm(trainer, self.config.num_micro_batches)
         return step_lib.make_gradients_fn(
@@ -183,7 +191,7 @@ class ModelParallelRuntime(StrategyRuntime):
         return self.placement
 
     def train_step_fn(self, trainer: Any) -> Any:
-        from tfdist_trainer.model_parallel import step as step_lib
+        from tfdist_trainer.runtime.strategies.model_parallel import step as step_lib
 
         placement = self._placed(trainer)
         if self.config.num_micro_batches > 1:

@@ -1,9 +1,11 @@
-"""The per-layer placement table: written to the task's log, kept off the launcher's console.
+"""Placement tables, layer by layer or variable by variable: in the task's log, off the console.
 
 A 12-block model has hundreds of placed layers; the console gets one line per
-device (`Placement.stage_lines`), the log file and ``placement.json`` the whole
-table. The launcher's console filter (`launch.console.LOG_ONLY_SOURCES`) knows
-INFO records by their source file, so the table is logged from this module only.
+device (model_parallel's `Placement.stage_lines`) or one summary line (the
+variable placement, `state.log_placement`), the log file and ``placement.json`` /
+``variable_placement.json`` the whole table. The launcher's console filter
+(`launch.console.LOG_ONLY_SOURCES`) knows INFO records by their source file, so the
+tables are logged from this module only (keep its file name).
 """
 
 from __future__ import annotations

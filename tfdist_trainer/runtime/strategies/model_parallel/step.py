@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.model_parallel.placement import on_device
+from tfdist_trainer.runtime.strategies.model_parallel.devices import on_device
 from tfdist_trainer.variables import device_of
 
 

@@ -1,4 +1,7 @@
-"""Logging with the task's role on every line, and the run's machine-readable record."""
+"""Logging with the task's role on every line, and the run's machine-readable record.
+
+`layer_table` beside it logs the placement tables to the task's log only.
+"""
 
 from __future__ import annotations
 
