@@ -1,4 +1,4 @@
-"""Every private TensorFlow/Keras API the package uses (tfdist_trainer/tf_compat.py), exercised for real.
+"""Every private TensorFlow/Keras API the package uses (tfdist_trainer/tf_compat/), exercised for real.
 
 When an upgrade removes or changes one, the test fails with a message naming
 the API and the installed TF/Keras versions, instead of a training run failing
@@ -27,7 +27,7 @@ VERSIONS = f"TensorFlow {tf.__version__}, Keras {keras.__version__}"
 
 
 def broken(api: str, what: str) -> str:
-    return f"{api} no longer works as tfdist_trainer/tf_compat.py expects on {VERSIONS}: {what}"
+    return f"{api} no longer works as tfdist_trainer/tf_compat/ expects on {VERSIONS}: {what}"
 
 
 def run_script(tmp_path, source: str, timeout: float = 180) -> dict:

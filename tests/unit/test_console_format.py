@@ -1,11 +1,12 @@
-"""tfdist_trainer.launch.console, in process: the console's short format for task lines
-(`short_line`) and the traceback a failing task's output is held back by (`TracebackHold`)."""
+"""tfdist_trainer.launch.console and failure_cause, in process: the console's short format for task
+lines (`short_line`) and the traceback a failing task's output is held back by (`TracebackHold`)."""
 
 from __future__ import annotations
 
 import time
 
-from tfdist_trainer.launch.console import TracebackHold, short_line
+from tfdist_trainer.launch.console import short_line
+from tfdist_trainer.launch.failure_cause import TracebackHold
 
 INFO = "[chief:0] I1125 10:06:13.424594 139980406279040 controller.py:139] step 10/50 loss=1.2"
 WARNING = "[worker:1] W1125 10:06:14.000001 139980406279040 data.py:12] slow input"

@@ -1,5 +1,5 @@
 """The cause in the launcher's failure line, from real TensorFlow errors, and the console lines of a
-failed step: tfdist_trainer.launch.console.TracebackHold and ConsoleFilter, in process.
+failed step: tfdist_trainer.launch.failure_cause.TracebackHold and console.ConsoleFilter, in process.
 
 Every fixture was captured on TF 2.21 (CPU): the first five from a small script that runs the op in
 a tf.function (or eagerly) and dies of it; PSS_CHIEF and the follow-on lines from `tfdist-launch`
@@ -10,7 +10,8 @@ the failure line must carry the message.
 
 from __future__ import annotations
 
-from tfdist_trainer.launch.console import ConsoleFilter, TracebackHold
+from tfdist_trainer.launch.console import ConsoleFilter
+from tfdist_trainer.launch.failure_cause import TracebackHold
 
 #: A tf.debugging.assert_less in a tf.function on ids [1, 2, 3, 33], its message the one of ShardedEmbedding.
 ASSERT_IN_FUNCTION = [

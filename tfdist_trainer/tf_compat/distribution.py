@@ -1,0 +1,97 @@
+"""Private tf.distribute APIs: a strategy's cluster resolver, a graph's functions, the coordinator's
+workers, the coordination service's barrier.
+
+The parameter_server watchdog needs to know which worker holds a closure and whether a
+closure has finished; a job's orderly end waits at the coordination service's barrier. TF
+2.21 makes none of them public.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+#: Name prefix of ClusterCoordinator's per-worker threads ("WorkerClosureProcessingLoop-<worker index>").
+COORDINATOR_WORKER_THREAD_PREFIX = "WorkerClosureProcessingLoop-"
+#: The `Worker` method a coordinator thread is inside while it runs a closure on its worker.
+COORDINATOR_BUSY_FRAME = "_process_closure"
+
+
+def cluster_resolver(strategy: Any) -> Any:
+    """The strategy's cluster resolver: its public `cluster_resolver`, else `strategy._cluster_resolver`; or None.
+
+    TF 2.21's public `Strategy.cluster_resolver` reads
+    `strategy.extended._cluster_resolver`, which a ParameterServerStrategy's
+    extended object never sets (it keeps the resolver on the strategy
+    itself), so for that strategy the public property is None.
+    """
+    return getattr(strategy, "cluster_resolver", None) or getattr(
+        strategy, "_cluster_resolver", None
+    )
+
+
+def graph_functions(graph: Any) -> list:
+    """The function graphs defined in a `tf.Graph` (`Graph._functions`: loop bodies, branches, calls).
+
+    A traced step's `tf.while_loop` body lives in such a function; the
+    public `graph.as_graph_def().library` holds their FunctionDefs, not graphs
+    whose ops can be inspected.
+    """
+    return [
+        f.graph
+        for f in getattr(graph, "_functions", {}).values()
+        if getattr(f, "graph", None) is not None
+    ]
+
+
+def remote_value_finished(remote_value: Any) -> bool:
+    """Whether a ClusterCoordinator RemoteValue holds its result or error, without blocking.
+
+    Reads `RemoteValueImpl._status` (a `RemoteValueStatus`): the public
+    `fetch()` and `get()` block until the closure has run, and a closure on a
+    worker whose link is down never runs.
+    """
+    status = getattr(remote_value, "_status", None)
+    return status is not None and status.name != "NOT_READY"
+
+
+def busy_worker_indices() -> list[int]:
+    """Indices of the workers whose ClusterCoordinator thread is running a closure right now.
+
+    ClusterCoordinator keeps one thread per worker, named
+    "WorkerClosureProcessingLoop-<index>", that sits in `Worker._process_closure`
+    while its worker runs a closure. TF has no public view of which worker holds
+    which closure, so this reads the thread names and their Python stacks.
+    """
+    frames = sys._current_frames()  # noqa: SLF001
+    busy = []
+    for thread in threading.enumerate():
+        if not thread.name.startswith(COORDINATOR_WORKER_THREAD_PREFIX):
+            continue
+        frame = frames.get(thread.ident)
+        while frame is not None:
+            if frame.f_code.co_name == COORDINATOR_BUSY_FRAME:
+                busy.append(int(thread.name[len(COORDINATOR_WORKER_THREAD_PREFIX) :]))
+                break
+            frame = frame.f_back
+    return sorted(busy)
+
+
+def coordination_service_config() -> Any | None:
+    """This process's coordination service settings (leader, coordinated jobs), or None.
+
+    Private: no public API says which task leads the coordination service that
+    multi_worker_mirrored sets up, and the orderly shutdown must know it.
+    """
+    from tensorflow.python.eager import context
+
+    return context.context().coordination_service
+
+
+def wait_at_barrier(barrier_id: str, timeout_s: float) -> None:
+    """Blocks until every coordinated task reached `barrier_id`; raises a tf.errors.OpError on
+    failure (a peer died, the timeout passed, or no coordination service runs here)."""
+    from tensorflow.python.eager import context
+
+    context.context().wait_at_barrier(barrier_id, int(timeout_s * 1000))

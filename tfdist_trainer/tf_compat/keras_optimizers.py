@@ -1,0 +1,101 @@
+"""Private Keras optimizer and metric APIs: slots, averages, the gradient all-reduce, atomic updates.
+
+A trainer that owns its loop must do what Keras' `fit` does with the optimizer's private
+state (EMA weights, model variables, the scalar children of a checkpoint) and change how
+it reduces gradients (sparse gradients in one all-gather) and updates metrics (atomically
+under parameter_server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tfdist_trainer.tf_compat.checkpoints import trackable_base
+from tfdist_trainer.tf_compat.keras_variables import variable_storage
+
+
+def optimizer_model_variables(optimizer: Any) -> list:
+    """The variables a Keras optimizer was built for (`BaseOptimizer._trainable_variables`); [] before `build`.
+
+    `optimizer.variables` is its own state (iterations, learning rate,
+    slots); Keras 3 has no public list of the variables it updates.
+    """
+    return list(getattr(optimizer, "_trainable_variables", ()))
+
+
+#: The checkpoint children of a Keras 3 optimizer that hold its step count and learning rate.
+OPTIMIZER_SCALAR_CHILDREN = ("_iterations", "_learning_rate")
+
+
+def optimizer_scalar_children(children: dict[str, Any]) -> dict[str, Any]:
+    """Of a Keras optimizer's checkpoint children, those that hold its iterations and learning rate.
+
+    Keras 3 names them after its private attributes (`_iterations`,
+    `_learning_rate`); a checkpoint that saves the rest of the optimizer's
+    state by another layout keeps these two under their own names, so
+    `iterations` restores from a stock optimizer's checkpoint. Children that
+    are not Trackables are left out.
+    """
+    trackable = trackable_base()
+    return {
+        name: child
+        for name, child in children.items()
+        if name in OPTIMIZER_SCALAR_CHILDREN and isinstance(child, trackable)
+    }
+
+
+def adagrad_accumulator(optimizer: Any, variable: Any) -> Any:
+    """The accumulator slot of `variable` in a Keras 3 Adagrad (`_accumulators[_get_variable_index(v)]`).
+
+    Keras 3 keeps an optimizer's slots in private per-optimizer lists
+    indexed by its own variable index; there is no public way to ask for the
+    slot of one variable.
+    """
+    return optimizer._accumulators[optimizer._get_variable_index(variable)]  # noqa: SLF001
+
+
+def replace_gradient_all_reduce(optimizer: Any, all_reduce: Callable[[Any, list], list]) -> None:
+    """Makes the Keras 3 optimizer (and a loss-scale optimizer's inner one) sum the replicas'
+    gradients with `all_reduce(replica_context, gradients)` instead of one `all_reduce` call.
+
+    Keras sums them in `_all_reduce_sum_gradients(grads_and_vars)` (backend/tensorflow/
+    optimizer.py) inside `apply_gradients`, with None gradients left out; it has no public
+    way to choose how. Outside a replica context nothing is reduced, as in Keras.
+    """
+    import tensorflow as tf
+
+    def all_reduce_sum_gradients(grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        context = tf.distribute.get_replica_context()
+        present = [i for i, (g, _) in enumerate(grads_and_vars) if g is not None]
+        if context is None or not present:
+            return grads_and_vars
+        reduced = all_reduce(context, [grads_and_vars[i][0] for i in present])
+        result = list(grads_and_vars)
+        for i, g in zip(present, reduced):
+            result[i] = (g, grads_and_vars[i][1])
+        return result
+
+    for target in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        if target is not None:
+            target._all_reduce_sum_gradients = all_reduce_sum_gradients  # noqa: SLF001
+
+
+def make_metric_updates_atomic(metrics: Sequence[Any]) -> None:
+    """Makes the `assign_add` of the metrics' variables one atomic TF `assign_add` on their storage.
+
+    Keras 3 implements `Variable.assign_add` as `assign(self + value)`: two
+    parameter_server workers updating the same ps variable at once lose one
+    update, and accuracy can exceed 1 (total and count lose different amounts).
+    TF's own `assign_add` on the stored tf.Variable is atomic on the ps. Keras
+    has no public switch for it, so each metric variable's `assign_add` is
+    replaced on the instance (read by `Mean`, `Sum`, accuracy metrics, ...).
+    """
+    import tensorflow as tf
+
+    for metric in metrics:
+        for variable in metric.variables:
+            backing = variable_storage(variable)
+            if isinstance(backing, tf.Variable) and backing is not variable:
+                variable.assign_add = lambda value, b=backing: b.assign_add(tf.cast(value, b.dtype))
