@@ -200,24 +200,8 @@ def main(argv: list[str]) -> None:
     except errors.ConfigError as e:
         _fail(role, str(e), EXIT_CONFIG)
 
+    _start_task(prepared)
     action = prepared.action
-    # TensorFlow reads TF_CONFIG when the strategy is created: give it the normalized form.
-    tf_config = cluster.to_tf_config() if action is not Action.EVALUATE else ""
-    if tf_config:
-        os.environ["TF_CONFIG"] = tf_config
-    else:
-        os.environ.pop("TF_CONFIG", None)
-    try:
-        prepared.create_model_dir()
-    except errors.ConfigError as e:
-        _fail(role, str(e), EXIT_CONFIG)
-    task_console.log_to(FLAGS.model_dir, role.replace(":", "-"))
-    logging.info("%s as %s under %s", action.value, role, prepared.strategy_config.name)
-    if action is Action.EVALUATE:
-        from tfdist_trainer.runtime import preemption
-
-        preemption.stop_quietly_on_sigterm("the evaluator starts")
-
     from tfdist_trainer.runtime.config_checks import config_checks_are_config_errors
     from tfdist_trainer.runtime.peers import lost_peer_is_one_error
 
@@ -230,6 +214,30 @@ def main(argv: list[str]) -> None:
         # teardown sometimes crashed (exit 139 after the line saying 143; seen in make test).
         hard = e.hard_exit or action is Action.SERVE
         _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=hard)
+
+
+def _start_task(prepared) -> None:
+    """What a checked task does before its action: TF_CONFIG as TensorFlow must read it, its
+    model_dir, its log."""
+    from tfdist_trainer.launch import task_console
+
+    cluster, action, role = prepared.cluster, prepared.action, prepared.cluster.role
+    # TensorFlow reads TF_CONFIG when the strategy is created: give it the normalized form.
+    tf_config = cluster.to_tf_config() if action is not Action.EVALUATE else ""
+    if tf_config:
+        os.environ["TF_CONFIG"] = tf_config
+    else:
+        os.environ.pop("TF_CONFIG", None)
+    try:
+        prepared.create_model_dir()
+    except errors.ConfigError as e:
+        _fail(role, str(e), EXIT_CONFIG)
+    task_console.log_to(prepared.model_dir, role.replace(":", "-"))
+    logging.info("%s as %s under %s", action.value, role, prepared.strategy_config.name)
+    if action is Action.EVALUATE:
+        from tfdist_trainer.runtime import preemption
+
+        preemption.stop_quietly_on_sigterm("the evaluator starts")
 
 
 def _wait_for_peers(prepared) -> None:

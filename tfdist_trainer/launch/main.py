@@ -22,6 +22,7 @@ manifests of the same job (tfdist_trainer.launch.k8s) to stdout or ``--emit_file
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 
@@ -38,7 +39,7 @@ from tfdist_trainer.launch import (
 )
 from tfdist_trainer.launch.flags import FLAGS, passthrough_settings
 from tfdist_trainer.launch.restart_budget import RestartBudget
-from tfdist_trainer.launch.say import say
+from tfdist_trainer.launch.say import error, say
 from tfdist_trainer.plan import preflight
 
 
@@ -69,60 +70,10 @@ def main(argv: list[str]) -> None:
         from tfdist_trainer.launch import netns
 
         netns.bring_loopback_up()  # `ip netns add` set it up already; `unshare -n` did not
-    try:
-        preflight.check_task_counts(FLAGS.num_workers, FLAGS.num_ps)
-        # Checking model_dir (tf.io.gfile) and the user's Trainer both import TensorFlow: its
-        # start-up lines are the same every task writes to its log.
-        with console.quiet_stderr(_keep_line()):
-            prepared = preflight.prepare(
-                preflight.LAUNCH,
-                settings.model_dir,
-                settings.gin_file,
-                settings.gin_bindings,
-                settings.module,
-            )
-        experiment = prepared.experiment
-        policy = supervisor.RestartPolicy(FLAGS.restart_policy, FLAGS.backoff_limit)
-        budget = RestartBudget(FLAGS.backoff_limit, FLAGS.backoff_window_s, FLAGS.restart_backoff_s)
-        min_workers = supervisor.elastic_min_workers(
-            experiment.strategy_config, FLAGS.min_workers, FLAGS.num_workers
-        )
-        tasks, cluster = local_tasks.plan_tasks(
-            experiment.strategy_config,
-            num_workers=FLAGS.num_workers,
-            num_ps=FLAGS.num_ps,
-            evaluator=FLAGS.evaluator,
-            host=FLAGS.host,
-        )
-        prepared.create_model_dir()
-        try:  # logs: user-only, even if model_dir existed
-            storage.make_private_dir(storage.join(settings.model_dir, "logs"))
-        except OSError as e:
-            raise ConfigError(
-                f"--model_dir {settings.model_dir} cannot be used as a directory ({e.strerror or e}); "
-                f"pick another path."
-            ) from None
-    except ConfigError as e:  # ClusterConfigError included
-        print(f"[launch] error: {e}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG)
-
-    local = supervisor.LocalCluster(
-        tasks,
-        cluster,
-        train_args,
-        storage.join(settings.model_dir, "logs"),
-        grace_s=FLAGS.grace_s,
-        strategy_config=experiment.strategy_config,
-        policy=policy,
-        budget=budget,
-        min_workers=min_workers,
-        model_dir=settings.model_dir,
-    )
-    local.console_chatter = FLAGS.console_chatter
-    local.console_format = FLAGS.console_format
+    local = _local_cluster(train_args, settings)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     signal.signal(signal.SIGINT, _raise_interrupted)
-    say(f"{experiment.strategy_config.name}: {', '.join(t.role for t in tasks)}")
+    say(f"{local.strategy_config.name}: {', '.join(t.role for t in local.tasks)}")
     code = 1
     try:
         local.start()
@@ -142,6 +93,62 @@ def main(argv: list[str]) -> None:
     )
     say(f"job {'succeeded' if code == 0 else f'failed with exit code {code}'}{incomplete}")
     sys.exit(code)
+
+
+def _local_cluster(train_args: list[str], settings: argparse.Namespace) -> supervisor.LocalCluster:
+    """The job's tasks on this machine, checked (one sentence and exit 2 for a bad input), with its
+    model_dir and logs created; nothing started."""
+    try:
+        preflight.check_task_counts(FLAGS.num_workers, FLAGS.num_ps)
+        # Checking model_dir (tf.io.gfile) and the user's Trainer both import TensorFlow: its
+        # start-up lines are the same every task writes to its log.
+        with console.quiet_stderr(_keep_line()):
+            prepared = preflight.prepare(
+                preflight.LAUNCH,
+                settings.model_dir,
+                settings.gin_file,
+                settings.gin_bindings,
+                settings.module,
+            )
+        strategy_config = prepared.strategy_config
+        policy = supervisor.RestartPolicy(FLAGS.restart_policy, FLAGS.backoff_limit)
+        budget = RestartBudget(FLAGS.backoff_limit, FLAGS.backoff_window_s, FLAGS.restart_backoff_s)
+        min_workers = supervisor.elastic_min_workers(
+            strategy_config, FLAGS.min_workers, FLAGS.num_workers
+        )
+        tasks, cluster = local_tasks.plan_tasks(
+            strategy_config,
+            num_workers=FLAGS.num_workers,
+            num_ps=FLAGS.num_ps,
+            evaluator=FLAGS.evaluator,
+            host=FLAGS.host,
+        )
+        prepared.create_model_dir()
+        logs = storage.join(prepared.model_dir, "logs")
+        try:  # logs: user-only, even if model_dir existed
+            storage.make_private_dir(logs)
+        except OSError as e:
+            raise ConfigError(
+                f"--model_dir {prepared.model_dir} cannot be used as a directory "
+                f"({e.strerror or e}); pick another path."
+            ) from None
+    except ConfigError as e:  # ClusterConfigError included
+        error(str(e))
+    local = supervisor.LocalCluster(
+        tasks,
+        cluster,
+        train_args,
+        logs,
+        grace_s=FLAGS.grace_s,
+        strategy_config=strategy_config,
+        policy=policy,
+        budget=budget,
+        min_workers=min_workers,
+        model_dir=prepared.model_dir,
+    )
+    local.console_chatter = FLAGS.console_chatter
+    local.console_format = FLAGS.console_format
+    return local
 
 
 def run() -> None:
