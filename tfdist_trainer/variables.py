@@ -2,7 +2,7 @@
 
 Shared by the self-sharding layers (sharding/shard_placement.py: bytes-balanced ps
 placement; sharding/reports.py: `placement_table`) and model-parallel
-placement (model_parallel/placement.py). The bytes are those of the *stored*
+placement (runtime/strategies/model_parallel/placement.py). The bytes are those of the *stored*
 variable: a Keras 3 variable under a mixed-precision policy stores float32,
 while its `dtype` (and `value`) read float16 inside a layer call.
 

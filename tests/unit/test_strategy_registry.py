@@ -1,7 +1,8 @@
 """`plan/strategies/registry.NAMES` is the one list of strategies, and the files agree with it.
 
 A strategy is `plan/strategies/<name>.py` (class `<Name>`, gin name `<name>`),
-`runtime/strategies/<name>.py` (class `<Name>Runtime`) and `configs/strategies/<name>.gin`.
+`runtime/strategies/<name>.py` or the package `runtime/strategies/<name>/` (class
+`<Name>Runtime`) and `configs/strategies/<name>.gin`.
 Everything that lists the strategies reads NAMES, so a strategy missing a file, or a file
 whose strategy is not in NAMES, would go unseen by the tests that run every strategy:
 both directions are checked here (issue 38).
