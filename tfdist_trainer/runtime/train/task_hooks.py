@@ -4,14 +4,15 @@
 default hooks, so a user's hook always sees a loop before the task acts on it:
 
 1. `RunFiles`: begin clears the done marker (a restarted chief's side-cars keep
-   following) and writes ``config.gin``; end writes ``operative_config.gin`` and
-   marks the run done at its final step.
+   following) and writes ``config.gin``; end waits for the last checkpoint to be
+   durable, writes ``operative_config.gin`` and marks the run done at its final step.
 2. `StopWhenDataEnds`: a finite dataset read through the tf.data service ends
    training once every worker's reader found no more data.
 3. `SaveOnPreemption`: on SIGTERM (agreed by every synchronous worker), or when
-   a preempted ps asks the chief to save its variables, save after this loop,
-   answer the ps, and exit 143 (retryable). One save answers both. The step
-   loop asks it between its calls too (`between_loops`), so "this loop" is one
+   a preempted ps asks the chief to save its variables, save after this loop and
+   wait until the save is durable, answer the ps, and exit 143 (retryable). One
+   save answers both. The step loop asks it between its calls too
+   (`between_loops`), so "this loop" is one
    `tf.function` call (parameter_server: at most two batches of closures), never the
    whole stretch to the next log record.
 
