@@ -17,7 +17,9 @@ One concept a module:
   so a checkpoint restores into any number of shards, ps tasks and either
   partition strategy.
 - sharded_layer.py, embedding.py, softmax.py: the layers.
-- dynamic_keys.py, dynamic_table.py, dynamic_embedding.py: `DynamicEmbedding`,
+- dynamic_keys.py, dynamic_table.py (a shard's step), dynamic_eviction.py (LFU and
+  age), dynamic_shard_state.py + dynamic_checkpoint.py (checkpoints by key),
+  dynamic_embedding.py: `DynamicEmbedding`,
   a table with no vocabulary size (int64 or string keys, a key -> row hash
   table and a row pool per shard; admission by `min_count`, LFU eviction when
   a shard is full, `max_age_steps`), for one_device and parameter_server, and

@@ -22,8 +22,10 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
+from tfdist_trainer.sharding.dynamic_eviction import lfu_score
 from tfdist_trainer.sharding.dynamic_keys import shard_of
-from tfdist_trainer.sharding.dynamic_table import DynamicTableShard, lfu_score
+from tfdist_trainer.sharding.dynamic_shard_state import export_shard_state, import_shard_state
+from tfdist_trainer.sharding.dynamic_table import DynamicTableShard
 
 #: Saved with one element per key in use (``slot_<name>`` too); gathered per shard on restore.
 _ENTRIES = ("keys", "values", "frequency", "last_seen")
@@ -47,7 +49,7 @@ class DynamicTableCheckpoint(tf_compat.trackable_base()):
 
     def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
         shards = self._shards
-        states = [shard.export_state() for shard in shards]
+        states = [export_shard_state(shard) for shard in shards]
         with shards[0].on_device():  # gathered where the first shard lives, not on the saving task
             saved = {
                 name: tf.concat([s[name] for s in states], 0)
@@ -92,7 +94,7 @@ class DynamicTableCheckpoint(tf_compat.trackable_base()):
                     mine = tf.equal(shard_of(saved["candidate_keys"], len(shards)), i)
                     state["candidate_keys"] = tf.boolean_mask(saved["candidate_keys"], mine)
                     state["candidate_counts"] = tf.boolean_mask(saved["candidate_counts"], mine)
-                ops += shard.import_state(state)
+                ops += import_shard_state(shard, state)
                 if "seeds" in saved and shard.seed_state is not None:
                     seed = tf_compat.variable_storage(shard.seed_state)
                     ops.append(_assign_if(same, seed, lambda i=i: saved["seeds"][i]))

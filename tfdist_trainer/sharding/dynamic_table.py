@@ -30,7 +30,7 @@ removals), so at least a quarter of the buckets stay empty.
 
 Costs: a training step does O(its keys) work on the shard; an eviction
 (shard full) selects its rows in O(capacity) and is amortised by freeing a
-chunk (`EVICTION_CHUNK` of the capacity) at once; the age sweep is
+chunk (`dynamic_eviction.EVICTION_CHUNK` of the capacity) at once; the age sweep is
 O(capacity) every ``max(1, max_age_steps // AGE_SWEEP_EVERY)`` steps.
 
 "Steps" are this table's training calls, counted per shard (one per
@@ -50,20 +50,16 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import CONFIG_CHECK
+from tfdist_trainer.sharding.dynamic_eviction import ShardEviction
 from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY, EMPTY_KEY, reserved
+from tfdist_trainer.sharding.graph_effects import effect_ops
 
 #: The row of a key that has none: the layer reads its default row instead.
 MISSING = -1
-#: An eviction frees at least capacity // EVICTION_CHUNK rows (least frequently used first).
-EVICTION_CHUNK = 16
-#: The age sweep runs every max(1, max_age_steps // AGE_SWEEP_EVERY) steps.
-AGE_SWEEP_EVERY = 8
 #: Admission candidates a shard keeps: max(capacity, MIN_CANDIDATES); past that the least seen go.
 MIN_CANDIDATES = 1024
 #: Counters a shard reports (`DynamicTableShard.counters`).
 COUNTERS = ("rows_in_use", "admitted", "evicted", "expired")
-
-_INT64_MAX = np.iinfo(np.int64).max
 
 
 def buckets(capacity: int) -> int:
@@ -71,12 +67,7 @@ def buckets(capacity: int) -> int:
     return max(16, 1 << (2 * capacity - 1).bit_length())
 
 
-def lfu_score(frequency: tf.Tensor, last_seen: tf.Tensor) -> tf.Tensor:
-    """Higher for rows to keep: more frequent first, then more recently seen (one int64)."""
-    return tf.minimum(frequency, 2**31 - 1) * (2**32) + tf.minimum(last_seen, 2**32 - 1)
-
-
-class DynamicTableShard(tf.Module):
+class DynamicTableShard(ShardEviction, tf.Module):
     """One shard's state and the operations that change it, all on the shard's device.
 
     Create it inside the strategy's scope and under the variable placement of
@@ -235,7 +226,7 @@ class DynamicTableShard(tf.Module):
         upkeep = [self._rebuild_if_worn("table", MISSING)]
         if self.candidates is not None:
             upkeep.append(self._rebuild_if_worn("candidates", 0))
-        with tf.control_dependencies(_ops(upkeep)):
+        with tf.control_dependencies(effect_ops(upkeep)):
             return self._steps_work(keys, counts)
 
     def _steps_work(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
@@ -273,7 +264,7 @@ class DynamicTableShard(tf.Module):
             name=CONFIG_CHECK,  # the task then exits with this sentence, code 2 (config_checks.py)
         )
         effects.append(check)
-        with tf.control_dependencies(_ops([check])):
+        with tf.control_dependencies(effect_ops([check])):
             n_new = tf.identity(n_new)
         effects.append(self._make_room(n_new, clock))
         new_rows, taking = self._take(n_new)
@@ -293,7 +284,7 @@ class DynamicTableShard(tf.Module):
         out = tf.tensor_scatter_nd_update(
             out, tf.boolean_mask(missing_at, admit)[:, None], new_rows
         )
-        with tf.control_dependencies(_ops(effects)):
+        with tf.control_dependencies(effect_ops(effects)):
             return tf.identity(out)
 
     def _admission(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, list]:
@@ -306,7 +297,7 @@ class DynamicTableShard(tf.Module):
             self.candidates.insert(tf.boolean_mask(keys, ~admit), tf.boolean_mask(total, ~admit)),
             self._remove("candidates", tf.boolean_mask(keys, admit)),
         ]
-        with tf.control_dependencies(_ops(effects)):
+        with tf.control_dependencies(effect_ops(effects)):
             effects.append(
                 tf.cond(
                     self.candidates.size() > self.candidate_limit,
@@ -322,7 +313,7 @@ class DynamicTableShard(tf.Module):
         valid = keys > DELETED_KEY
         least = tf.reduce_min(tf.boolean_mask(counts, valid))
         forget = tf.boolean_mask(keys, valid & (counts <= least))
-        with tf.control_dependencies(_ops([self._remove("candidates", forget)])):
+        with tf.control_dependencies(effect_ops([self._remove("candidates", forget)])):
             return tf.size(forget, out_type=tf.int64)
 
     def _take(self, n: tf.Tensor) -> tuple[tf.Tensor, list]:
@@ -340,65 +331,11 @@ class DynamicTableShard(tf.Module):
             effects.append(stored.scatter_update(tf.IndexedSlices(tf.tile(row, [n, 1]), rows)))
         return rows, effects
 
-    def _make_room(self, n_new: tf.Tensor, clock: tf.Tensor) -> tf.Tensor:
-        """LFU eviction when `n_new` rows do not fit: frees at least a chunk of the least used rows."""
-        chunk = max(1, self.capacity // EVICTION_CHUNK)
-        shortfall = n_new - (self.capacity - self.rows_in_use.read_value())
-
-        def evict():
-            eligible = (self.row_key.read_value() != EMPTY_KEY) & (self.last_seen < clock)
-            # Least frequent first; equally frequent: least recently seen first.
-            score = tf.where(
-                eligible,
-                lfu_score(self.frequency, self.last_seen),
-                tf.constant(_INT64_MAX, tf.int64),
-            )
-            k = tf.minimum(
-                tf.maximum(tf.constant(chunk, tf.int64), shortfall),
-                tf.math.count_nonzero(eligible, dtype=tf.int64),
-            )
-            _, rows = tf.math.top_k(-score, k=tf.cast(k, tf.int32))
-            return self._free(tf.cast(rows, tf.int64), self.evicted)
-
-        return tf.cond(shortfall > 0, evict, lambda: tf.constant(0, tf.int64))
-
-    def _expire(self, clock: tf.Tensor) -> tf.Tensor:
-        """Frees the rows not seen for `max_age_steps` steps, every few steps (an O(capacity) sweep)."""
-        if self.max_age_steps is None:
-            return tf.constant(0, tf.int64)
-        every = max(1, self.max_age_steps // AGE_SWEEP_EVERY)
-
-        def sweep():
-            stale = (self.row_key.read_value() != EMPTY_KEY) & (
-                self.last_seen < clock - self.max_age_steps
-            )
-            return self._free(tf.where(stale)[:, 0], self.expired)
-
-        return tf.cond(tf.equal(clock % every, 0), sweep, lambda: tf.constant(0, tf.int64))
-
-    def _free(self, rows: tf.Tensor, counter: tf.Variable) -> tf.Tensor:
-        """Removes the keys of `rows` and pushes the rows onto the free stack (drawn anew when taken)."""
-        k = tf.size(rows, out_type=tf.int64)
-        keys = tf.gather(self.row_key, rows)
-        zeros = tf.zeros_like(rows)
-        free = self.capacity - self.rows_in_use.read_value()
-        effects = [
-            self._remove("table", keys),
-            self.row_key.scatter_update(tf.IndexedSlices(tf.fill([k], EMPTY_KEY), rows)),
-            self.frequency.scatter_update(tf.IndexedSlices(zeros, rows)),
-            self.last_seen.scatter_update(tf.IndexedSlices(zeros, rows)),
-            self.free_rows.scatter_update(tf.IndexedSlices(rows, free + tf.range(k))),
-        ]
-        with tf.control_dependencies(_ops(effects)):
-            effects = [self.rows_in_use.assign_sub(k), counter.assign_add(k)]
-        with tf.control_dependencies(_ops(effects)):
-            return tf.identity(k)
-
     # -- hash-table upkeep -------------------------------------------------------
     def _remove(self, which: str, keys: tf.Tensor) -> tf.Tensor:
         """Erases `keys` from the table `which` ('table' or 'candidates'), counting the removals."""
         erased = getattr(self, which).erase(keys)
-        with tf.control_dependencies(_ops([erased])):
+        with tf.control_dependencies(effect_ops([erased])):
             return self._removals[which].assign_add(tf.size(keys, out_type=tf.int64))
 
     def _rebuild_if_worn(self, which: str, empty_value: int) -> tf.Tensor:
@@ -451,95 +388,17 @@ class DynamicTableShard(tf.Module):
             keys=tf.fill(shape, tf.constant(EMPTY_KEY, tf.int64)),
             values=tf.fill(shape, tf.constant(empty_value, tf.int64)),
         )
-        with tf.control_dependencies(_ops([cleared])):
+        with tf.control_dependencies(effect_ops([cleared])):
             inserted = table.insert(keys, values)
-        with tf.control_dependencies(_ops([inserted])):
+        with tf.control_dependencies(effect_ops([inserted])):
             return self._removals[which].assign(0)
 
-    # -- checkpoints ---------------------------------------------------------------
-    def export_state(self) -> dict[str, tf.Tensor]:
-        """The shard's rows in use and its bookkeeping, as tensors on its device (for a checkpoint).
+    # -- checkpoints (dynamic_shard_state.py reads and writes the contents) -------------
+    def exclusively(self, fn):
+        """`fn()`'s result, run where no training step of the shard runs at the same time: in the
+        shard's critical section on its device (under no device, `fn()` as it is)."""
+        return self._critical_section.execute(fn) if self.device else fn()
 
-        Keys, rows, values, frequency, last_seen and each slot's values are
-        one entry per row in use, in row order; ``free`` is the free stack.
-        """
-
-        def read():
-            with self.on_device():
-                used = tf.where(self.row_key.read_value() != EMPTY_KEY)[:, 0]
-                free = self.capacity - self.rows_in_use.read_value()
-                state = {
-                    "keys": tf.gather(self.row_key, used),
-                    "rows": used,
-                    "values": tf.gather(tf_compat.variable_storage(self.pool), used),
-                    "frequency": tf.gather(self.frequency, used),
-                    "last_seen": tf.gather(self.last_seen, used),
-                    "free": self.free_rows[:free],
-                    **{
-                        name: tf.reshape(getattr(self, name).read_value(), [1])
-                        for name in ("clock", "admitted", "evicted", "expired")
-                    },
-                }
-                for name, slot in self.slots:
-                    state[f"slot_{name}"] = tf.gather(tf_compat.variable_storage(slot), used)
-                if self.candidates is not None:
-                    keys, counts = (tf.reshape(t, [-1]) for t in self.candidates.export())
-                    valid = keys > DELETED_KEY
-                    state["candidate_keys"] = tf.boolean_mask(keys, valid)
-                    state["candidate_counts"] = tf.boolean_mask(counts, valid)
-                return state
-
-        return self._critical_section.execute(read) if self.device else read()
-
-    def import_state(self, state: dict[str, tf.Tensor]) -> list:
-        """Replaces the shard's contents with `state` (as `export_state` gives it, for this shard).
-
-        ``rows`` must be distinct rows of this shard and ``free`` the other
-        rows; the rows in use keep their values and slots, the free rows'
-        contents do not matter (drawn anew when taken). Returns the updates.
-        """
-        with self.on_device():
-            rows, keys = state["rows"], state["keys"]
-            effects = [
-                self.row_key.assign(tf.fill([self.capacity], tf.constant(EMPTY_KEY, tf.int64))),
-                self.frequency.assign(tf.zeros([self.capacity], tf.int64)),
-                self.last_seen.assign(tf.zeros([self.capacity], tf.int64)),
-            ]
-            with tf.control_dependencies(_ops(effects)):
-                effects += [
-                    self.row_key.scatter_update(tf.IndexedSlices(keys, rows)),
-                    self.frequency.scatter_update(tf.IndexedSlices(state["frequency"], rows)),
-                    self.last_seen.scatter_update(tf.IndexedSlices(state["last_seen"], rows)),
-                ]
-            pool = tf_compat.variable_storage(self.pool)
-            effects.append(
-                pool.scatter_update(tf.IndexedSlices(tf.cast(state["values"], pool.dtype), rows))
-            )
-            for name, slot in self.slots:
-                if f"slot_{name}" in state:
-                    stored = tf_compat.variable_storage(slot)
-                    values = tf.cast(state[f"slot_{name}"], stored.dtype)
-                    effects.append(stored.scatter_update(tf.IndexedSlices(values, rows)))
-            free = state["free"]
-            padding = tf.zeros([self.capacity - tf.size(free)], tf.int64)
-            effects.append(self.free_rows.assign(tf.concat([free, padding], 0)))
-            effects += [self.rows_in_use.assign(tf.size(keys, out_type=tf.int64))]
-            effects += [
-                getattr(self, name).assign(tf.reshape(state[name], []))
-                for name in ("clock", "admitted", "evicted", "expired")
-            ]
-            effects.append(self._rebuild("table", MISSING, keys, rows))
-            if self.candidates is not None and "candidate_keys" in state:
-                keys, counts = state["candidate_keys"], state["candidate_counts"]
-                keep = tf.minimum(tf.size(keys), self.candidate_limit)
-                counts, order = tf.math.top_k(counts, k=keep)
-                keys = tf.gather(keys, order)
-                effects.append(self._rebuild("candidates", 0, keys, counts))
-            return effects
-
-
-def _ops(effects: list) -> list:
-    """What `tf.control_dependencies` takes for each effect (an update's op in a graph; nothing eagerly)."""
-    if tf.executing_eagerly():
-        return []
-    return [e.op if hasattr(e, "op") else e for e in effects if e is not None]
+    def rebuild(self, which: str, empty_value: int, keys: tf.Tensor, values: tf.Tensor):
+        """Clears the hash table `which` ('table' or 'candidates') and inserts `keys` -> `values`."""
+        return self._rebuild(which, empty_value, keys, values)
