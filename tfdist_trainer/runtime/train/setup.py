@@ -31,7 +31,7 @@ class Run:
 
     Attributes:
       context: what hooks may touch (`RunContext`).
-      loop: the strategy's step loop (`loops.TrainLoop` or `loops.ScheduledTrainLoop`).
+      loop: the strategy's step loop (`loops.TrainLoop`, or parameter_server's `ScheduledTrainLoop`: `StrategyRuntime.step_loop`).
       runtime: the strategy at run time.
       hooks: the user's hooks (gin's defaults and extra_hooks), then the task's own (`task_hooks`).
       stop: asked by the loop between its calls: true once a hook must act before the next

@@ -1,6 +1,6 @@
 """A parameter_server cluster that stopped answering: save what the finished loops counted, then exit.
 
-`runtime.watchdog` raises `ClusterStalledError` when no scheduled closure
+`runtime.strategies.parameter_server.watchdog` raises `ClusterStalledError` when no scheduled closure
 finished for `parameter_server.stall_timeout_s`; this turns it into the task's
 last words: what was saved, and that a restart resumes.
 """
