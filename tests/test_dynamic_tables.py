@@ -1,7 +1,7 @@
 """DynamicEmbedding under parameter_server on a real local cluster: a chief, 2 workers and 2 ps,
 each `tf.distribute.Server` its own process on 127.0.0.1. Two workers racing on the same new keys
 end with exactly one row per key; SparseAdagrad training lowers the loss and updates only the rows
-the batches used."""
+the batches used; a keras-rs model (DotInteraction) over stacked features trains on the 2 ps."""
 
 from __future__ import annotations
 
@@ -109,6 +109,47 @@ for shard, old in zip(layer.shards, before):
     trained.append(sorted(int(r) for k, r in zip(shard_keys, shard_rows) if k >= 1000))
 out["train"] = {"first": float(np.mean(losses[:5])), "last": float(np.mean(losses[-5:])),
                 "changed": changed, "trained": trained}
+
+# A keras-rs model over stacked features: 3 features as one table (stacked_features), their
+# vectors crossed by keras-rs' DotInteraction, trained by both workers on the 2 ps.
+import keras
+import keras_rs
+with strategy.scope():
+    stacked = sharding.DynamicEmbedding(
+        4, 512, stacked_features=3, name="stacked",
+        embeddings_initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=1))
+    interaction = keras_rs.layers.DotInteraction(self_interaction=False)
+    head = keras.layers.Dense(1, name="head")
+    stacked.build(None)
+    head.build((None, 3))
+    weights = stacked.trainable_variables + head.trainable_variables
+    rs_optimizer = sharding.SparseAdagrad(0.3)
+    rs_optimizer.build(weights)
+
+def rs_replica(step):
+    ids = (step * 5 + tf.range(48, dtype=tf.int64)) % 40
+    keys = tf.stack([ids, ids, (ids * 3) % 40], axis=1)  # the same ids in features 0 and 1
+    target = tf.cast(ids % 2, tf.float32)
+    with tf.GradientTape() as tape:
+        vectors = stacked(keys, training=True)
+        crossed = interaction(tf.unstack(vectors, axis=1))
+        loss = tf.reduce_mean(tf.square(head(crossed)[:, 0] - target))
+    rs_optimizer.apply(tape.gradient(loss, weights), weights)
+    return loss
+
+@tf.function
+def rs_train(step):
+    return strategy.run(rs_replica, args=(step,))
+
+rs_losses = [coordinator.schedule(rs_train, args=(tf.constant(i, tf.int64),)) for i in range(30)]
+coordinator.join()
+phase("keras-rs on stacked features")
+rs_losses = [float(l.fetch()) for l in rs_losses]
+stats = sharding.dynamic_table_stats(stacked)
+out["stacked"] = {"first": float(np.mean(rs_losses[:5])), "last": float(np.mean(rs_losses[-5:])),
+                  "rows_in_use": stats["stacked/rows_in_use"],
+                  "per_shard": [stats[f"stacked/shard_{i}/rows_in_use"] for i in range(2)],
+                  "default_rows": list(stacked.default_row.shape)}
 out["phases"] = ", ".join(phases)
 print(json.dumps(out), flush=True)
 for server in servers:  # they hold the test's stdout pipe open
@@ -141,3 +182,10 @@ def test_two_workers_racing_on_new_keys_and_sparse_training_on_two_ps(tmp_path):
     assert train["last"] < 0.5 * train["first"], train
     assert train["changed"] == train["trained"], train  # only the rows the batches used moved
     assert sum(len(t) for t in train["trained"]) == 64
+
+    # Stacked features under parameter_server: features 0 and 1 see the same 40 ids and get a
+    # row each (120 keys in all), spread over both ps; a keras-rs model on them trains.
+    stacked = result["stacked"]
+    assert stacked["rows_in_use"] == 120 and min(stacked["per_shard"]) > 30, stacked
+    assert stacked["default_rows"] == [3, 4], stacked
+    assert stacked["last"] < stacked["first"], stacked
