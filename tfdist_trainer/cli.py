@@ -302,10 +302,10 @@ def _checkpoint_mode(mode: str) -> None:
 
 def _run_action(action, experiment, cluster, strategy_config) -> None:
     """The task's job: serve (ps, parameter_server worker, dispatcher), evaluate, or train."""
-    if action is Action.SERVE:
-        from tfdist_trainer.runtime.strategies.parameter_server import serve
+    if action is Action.SERVE:  # the strategy's serving tasks (parameter_server's ps, workers)
+        from tfdist_trainer.runtime import strategies
 
-        serve.serve(
+        strategies.runtime_class(strategy_config.name).serve(
             cluster,
             FLAGS.model_dir,
             chief_gone_grace_s=FLAGS.chief_gone_grace_s,
@@ -321,11 +321,9 @@ def _run_action(action, experiment, cluster, strategy_config) -> None:
             context=strategy_config.task_context(cluster, FLAGS.model_dir),
         )
     else:
-        from tfdist_trainer.runtime import shutdown
         from tfdist_trainer.runtime.train.controller import run_training
 
-        run_training(experiment, cluster, FLAGS.model_dir)
-        shutdown.finish_synchronous_job(cluster)  # the coordination leader exits last
+        run_training(experiment, cluster, FLAGS.model_dir)  # ends with the strategy's finish_job
 
 
 def run() -> None:

@@ -24,7 +24,7 @@ from tfdist_trainer.io import storage
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.runtime import checkpoint_actions, evaluate
 from tfdist_trainer.runtime.checkpoints import Checkpointer
-from tfdist_trainer.runtime.train import stall
+from tfdist_trainer.runtime.strategies.parameter_server import stall
 from tfdist_trainer.runtime.train.run_context import RunContext
 
 

@@ -77,12 +77,10 @@ def restore_sigterm():
 
 def test_the_order_after_the_users_hooks(tmp_path, restore_sigterm):
     run = stand_in(f"file://{tmp_path}")
-    hooks = task_hooks.task_hooks(run, schedules=True)
+    hooks = task_hooks.task_hooks(run, answers_ps=True)
     assert [type(h).__name__ for h in hooks] == ["RunFiles", "StopWhenDataEnds", "SaveOnPreemption"]
     assert hooks[2].ps_requests is not None  # the parameter_server chief answers ps requests
-    others = task_hooks.task_hooks(stand_in(f"file://{tmp_path}", is_chief=False), schedules=True)
-    assert others[2].ps_requests is None
-    assert task_hooks.task_hooks(run, schedules=False)[2].ps_requests is None
+    assert task_hooks.task_hooks(run, answers_ps=False)[2].ps_requests is None
 
 
 def test_run_files_clear_the_done_marker_then_mark_the_final_step(tmp_path):
@@ -175,7 +173,7 @@ def test_the_loop_asks_between_calls_and_the_save_answers_what_it_saw(tmp_path, 
     # follows, although model_dir is read at most once a second (a second read would find none).
     model_dir = f"file://{tmp_path}"
     run = stand_in(model_dir, step=55)
-    hooks = task_hooks.task_hooks(run, schedules=True)
+    hooks = task_hooks.task_hooks(run, answers_ps=True)
     stop = task_hooks.between_loops(run, hooks)
     assert not stop()
     request = markers.request_save(model_dir, "ps:0")
@@ -201,3 +199,16 @@ def test_sigterm_is_agreed_once_then_kept(tmp_path, restore_sigterm):
     with pytest.raises(Preempted, match="stopped by SIGTERM at step 40"):
         hook.after_loop(run, None)
     assert votes == [False, True] and run.checkpointer.steps == [40]
+
+
+def test_only_the_parameter_server_chief_answers_ps_save_requests():
+    # The decision is the strategy runtime's (`answers_ps_save_requests`), not the task hooks'.
+    from tfdist_trainer.plan.strategies.one_device import OneDevice
+    from tfdist_trainer.plan.strategies.parameter_server import ParameterServer
+    from tfdist_trainer.runtime.strategies.one_device import OneDeviceRuntime
+    from tfdist_trainer.runtime.strategies.parameter_server import ParameterServerRuntime
+
+    chief, worker = types.SimpleNamespace(is_chief=True), types.SimpleNamespace(is_chief=False)
+    ps = ParameterServerRuntime(ParameterServer(), None, coordinator=object())
+    assert ps.answers_ps_save_requests(chief) and not ps.answers_ps_save_requests(worker)
+    assert not OneDeviceRuntime(OneDevice(), None).answers_ps_save_requests(chief)

@@ -56,16 +56,16 @@ NEEDED_TASK_RESTARTS = 3
 
 
 def elastic_min_workers(strategy_config, flag_value: int | None, num_workers: int) -> int | None:
-    """The smallest cluster an elastic multi_worker_mirrored job may shrink to, or None (not elastic).
+    """The smallest cluster an elastic job may shrink to, or None (not elastic).
 
-    `--min_workers` wins over gin's multi_worker_mirrored.min_workers; only
-    multi_worker_mirrored can shrink (a parameter_server job goes on without a
-    lost worker by itself).
+    `--min_workers` wins over gin's multi_worker_mirrored.min_workers; only a strategy
+    that says it shrinks (`StrategyConfig.shrinks`: multi_worker_mirrored) can (a
+    parameter_server job goes on without a lost worker by itself).
     """
     value = flag_value if flag_value is not None else getattr(strategy_config, "min_workers", None)
     if value is None:
         return None
-    if strategy_config.name != "multi_worker_mirrored":
+    if not strategy_config.shrinks:
         raise ConfigError(
             f"--min_workers applies to multi_worker_mirrored only (the strategy is "
             f"{strategy_config.name}); drop it."

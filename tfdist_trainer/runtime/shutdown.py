@@ -20,6 +20,9 @@ task. A task already gone turns each into an error line on the chief ("Failed to
 remove function remotely due to Socket closed"; hundreds with 2 ps). So the
 serving tasks leave after the chief (`finish_serving`), ps:0 last.
 
+A training task asks its strategy's `finish_job` (`StrategyRuntime`), which calls
+`finish_synchronous_job`; parameter_server's `serve` calls `finish_serving`.
+
 Failures keep their own paths: this only runs after training returned
 normally, and a barrier that fails (a peer died after its last step) is
 logged and skipped, never turned into an error of a job that finished.

@@ -84,11 +84,11 @@ def build_state(
                     trainer.optimizer, sparse_reduce.all_reduce_sum
                 )
             items["optimizer"] = trainer.optimizer
-        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-            tf_compat.make_metric_updates_atomic(
+        if runtime is not None:
+            # parameter_server's workers update them concurrently: its runtime makes that atomic.
+            runtime.metrics_built(
                 trainer.train_metrics + trainer.eval_metrics + _reported_only(trainer)
             )
-        if runtime is not None:
             runtime.state_built(trainer)
     return global_step, tf.train.Checkpoint(**items)
 

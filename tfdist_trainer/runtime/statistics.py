@@ -24,6 +24,7 @@ from absl import logging
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.runtime.state import FINGERPRINT_MAX_PARAMS
+from tfdist_trainer.runtime.strategies import StrategyRuntime
 
 
 def statistic_variables(model: Any) -> list:
@@ -36,14 +37,16 @@ def statistic_variables(model: Any) -> list:
 
 
 class StatisticsSync:
-    """Averages the model's statistics over every replica in sync; a no-op where there is one."""
+    """Averages the model's statistics over every replica in sync; a no-op for a model without
+    any, or where the strategy says there is nothing to average
+    (`StrategyRuntime.averages_statistics`: one replica in sync)."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, model: Any):
+    def __init__(self, runtime: StrategyRuntime, model: Any):
         self.variables = statistic_variables(model)
-        self.enabled = bool(self.variables) and strategy.num_replicas_in_sync > 1
+        self.enabled = bool(self.variables) and runtime.averages_statistics
         if not self.enabled:
             return
-        variables = self.variables
+        variables, strategy = self.variables, runtime.strategy
 
         @tf.function
         def average():

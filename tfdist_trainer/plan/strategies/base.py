@@ -53,6 +53,10 @@ class StrategyConfig:
     #: Whether train.jit_compile can work: XLA compiles a step for one device.
     supports_jit_compile: bool = True
 
+    #: Whether a launcher may go on with fewer workers after one is lost for good (elastic
+    #: training, `--min_workers`); multi_worker_mirrored overrides it.
+    shrinks: bool = False
+
     #: Seconds without a finished scheduled closure before the chief gives up (0: never);
     #: only strategies with a coordinator schedule closures.
     stall_timeout_s: float = 0.0

@@ -29,6 +29,7 @@ class MultiWorkerMirrored(StrategyConfig):
 
     name = "multi_worker_mirrored"
     holds_port_while_waiting = True
+    shrinks = True  # the survivors restart from the last checkpoint, with the same global batch
 
     def __init__(
         self,

@@ -34,10 +34,13 @@ class Checkpointer:
         global_step: tf.Variable,
         keep: int,
         spans_tasks: bool = False,
+        is_writer: bool | None = None,
     ):
-        """`spans_tasks`: the variables live on other tasks (parameter_server; `writer`'s doc)."""
+        """`spans_tasks`: the variables live on other tasks (parameter_server; `writer`'s doc);
+        `is_writer`: this task's checkpoints are the run's (`StrategyRuntime.keeps_checkpoints`;
+        default: the chief's), else a throw-away copy."""
         self.model_dir = model_dir
-        self.is_writer = cluster.is_chief
+        self.is_writer = cluster.is_chief if is_writer is None else is_writer
         self.global_step = global_step
         self._checkpoint = checkpoint
         self._where = Location(

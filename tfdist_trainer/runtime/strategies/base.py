@@ -7,9 +7,13 @@ must be configured before TensorFlow's runtime starts and the strategy only afte
 `start(config, context=...)` (the `tf.distribute.Strategy` and what it needs, TF_CONFIG
 already in the environment). The instance then answers every question that depends on the
 strategy, as a one-line question or one method: which loop runs the steps
-(`make_train_loop`), how synchronous workers agree (`max_over_workers`), whether a
-checkpoint spans tasks (`spans_tasks`), whether XLA can compile the step
-(`check_jit_compile`). The defaults here are a synchronous strategy's; a runtime overrides
+(`make_train_loop`, `run_loop`: what a stalled cluster does), which evaluation pass
+(`eval_loop`), how synchronous workers agree (`max_over_workers`, `averages_statistics`),
+whether a checkpoint spans tasks (`spans_tasks`) and which task keeps it
+(`keeps_checkpoints`), whether metric updates must be atomic (`metrics_built`), whether a
+preempted ps's save request is answered (`answers_ps_save_requests`), how the job ends
+(`finish_job`), whether XLA can compile the step (`check_jit_compile`). Nothing outside
+`runtime/strategies/` asks which `tf.distribute` strategy runs. The defaults here are a synchronous strategy's; a runtime overrides
 what differs (model_parallel places the model and builds its own step).
 
 `start` builds one runtime holding everything it needs (the strategy, the coordinator, the
@@ -29,7 +33,7 @@ from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.plan.strategies import StrategyConfig
 from tfdist_trainer.plan.task import TaskContext
-from tfdist_trainer.runtime import loops, whole_tables
+from tfdist_trainer.runtime import loops, shutdown, whole_tables
 from tfdist_trainer.runtime.loops import accumulate
 
 
@@ -75,19 +79,84 @@ class StrategyRuntime:
         """Builds the strategy of `config` (TF_CONFIG is already in the environment) and its runtime."""
         raise NotImplementedError(f"{cls.__name__} does not say how to start {config.name}.")
 
+    @classmethod
+    def serve(cls, cluster: ClusterConfig, model_dir: str, **grace_s: float) -> None:
+        """What a task whose `Action` is SERVE runs (`StrategyConfig.action`): serve until the job
+        ends. Overridden by parameter_server (its ps, worker and tf.data dispatcher tasks); no
+        other strategy has serving tasks."""
+        raise NotImplementedError(f"{cls.__name__} has no serving tasks.")
+
     @property
     def is_chief(self) -> bool:
         return self.context is None or self.context.is_chief
 
+    # -- what a task decides from its strategy: a default here, overridden in the strategy's module
+
     @property
     def schedules(self) -> bool:
-        """Whether the chief schedules step loops onto workers (parameter_server) instead of running them."""
+        """Whether the chief schedules step loops onto workers instead of running them.
+
+        True only with a coordinator, which only parameter_server's runtime starts.
+        """
         return self.coordinator is not None
 
     @property
     def spans_tasks(self) -> bool:
-        """Whether a checkpoint holds variables of other tasks (parameter_server: the ps tasks')."""
+        """Whether a checkpoint holds variables of other tasks (the checkpoint writer traces its
+        write once). True only with a coordinator: parameter_server's, whose ps tasks hold them.
+        """
         return self.coordinator is not None
+
+    def keeps_checkpoints(self, cluster: ClusterConfig) -> bool:
+        """Whether this task's checkpoints are the run's (in model_dir) rather than a throw-away
+        copy (a synchronous peer must take part in every save but its copy is not kept).
+
+        The chief's, under every strategy; none overrides it.
+        """
+        return cluster.is_chief
+
+    def eval_loop(self, trainer: Any) -> loops.EvalLoop:
+        """The in-training evaluation pass: here split over the strategy's replicas.
+
+        Overridden by one_device (a plain pass on its device, without the distributed
+        iterator's cost) and parameter_server (a local pass on the chief, reading the
+        variables from the ps tasks).
+        """
+        return loops.EvalLoop(trainer, self.strategy, distributed=True)
+
+    def metrics_built(self, metrics: list) -> None:
+        """Called with every metric the loops update, once built. Overridden by parameter_server,
+        whose workers update them concurrently (its updates are made atomic)."""
+
+    def answers_ps_save_requests(self, cluster: ClusterConfig) -> bool:
+        """Whether this task saves a checkpoint when a preempted ps asks it to
+        (`SaveOnPreemption`). Overridden by parameter_server: its chief does."""
+        return False
+
+    def run_loop(self, loop: Any, steps: int, *, stop: Callable[[], bool], run: Any) -> Any:
+        """One `loop.train(steps)` call of the training task (`run`: its `RunContext`).
+
+        Overridden by parameter_server: a cluster whose workers stopped answering (its
+        watchdog's `ClusterStalledError`) saves what it can and ends the task.
+        """
+        return loop.train(steps, stop=stop)
+
+    @property
+    def averages_statistics(self) -> bool:
+        """Whether the model's BatchNormalization statistics are averaged over the replicas after
+        each loop (`statistics.StatisticsSync`): wherever more than one replica is in sync.
+        No strategy overrides it; whether synchronous workers end with the same weights is
+        checked at the end through `max_over_workers`.
+        """
+        return self.strategy.num_replicas_in_sync > 1
+
+    def finish_job(self, cluster: ClusterConfig) -> None:
+        """After training returned normally: leave in order (`shutdown`). Here a coordination
+        service's tasks meet at a barrier and its leader exits last (multi_worker_mirrored,
+        model_parallel's data_parallel); a task of one process returns at once. No strategy
+        overrides it: parameter_server's serving tasks end in its `serve` instead.
+        """
+        shutdown.finish_synchronous_job(cluster)
 
     def max_over_workers(self, cluster: ClusterConfig) -> Callable[[int], int] | None:
         """An int -> int maximum over every synchronous worker (a collective); None without peers.

@@ -56,4 +56,5 @@ def run_training(experiment: Experiment, cluster: ClusterConfig, model_dir: str)
     agree_on_weights(
         context.trainer.model, fingerprint, context.max_over_workers, is_chief=cluster.is_chief
     )
+    run.runtime.finish_job(cluster)  # the orderly end: a coordination leader exits last
     return {"step": context.step, **context.last_train, **context.last_eval}

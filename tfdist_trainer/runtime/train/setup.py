@@ -13,7 +13,7 @@ from typing import Any
 import keras
 from absl import logging
 
-from tfdist_trainer.errors import ClusterStalledError, ConfigError
+from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.hooks import Hook
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
@@ -21,7 +21,7 @@ from tfdist_trainer.runtime import apply_warm_start, loops, statistics, strategi
 from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.state import build_state, log_placement
 from tfdist_trainer.runtime.strategies import StrategyRuntime
-from tfdist_trainer.runtime.train import stall, task_hooks
+from tfdist_trainer.runtime.train import task_hooks
 from tfdist_trainer.runtime.train.run_context import RunContext
 
 
@@ -46,14 +46,10 @@ class Run:
     stop: Callable[[], bool] = loops.never
 
     def train(self, steps: int) -> loops.LoopResult:
-        """Runs `steps` steps (fewer once `stop` says so), then averages the replicas'
-        statistics (BatchNormalization's) before any hook saves, evaluates or exports; a
-        parameter_server cluster that stopped answering ends the task."""
-        try:
-            result = self.loop.train(steps, stop=self.stop)
-        except ClusterStalledError as stalled:
-            timeout_s = self.runtime.config.stall_timeout_s
-            raise stall.stalled_error(self.context, stalled, timeout_s) from None
+        """Runs `steps` steps (fewer once `stop` says so; what a stalled cluster does is the
+        strategy's `run_loop`), then averages the replicas' statistics (BatchNormalization's)
+        before any hook saves, evaluates or exports."""
+        result = self.runtime.run_loop(self.loop, steps, stop=self.stop, run=self.context)
         self.sync_statistics()
         return result
 
@@ -61,7 +57,8 @@ class Run:
 def start_runtime(
     experiment: Experiment, cluster: ClusterConfig, model_dir: str
 ) -> StrategyRuntime:
-    """Seeds, configures devices, starts the strategy; one sentence when TF was started too early."""
+    """Seeds, configures devices, starts the strategy, sets the mixed-precision policy; one
+    sentence when TF was started too early."""
     config = experiment.strategy_config
     if experiment.seed is not None:
         keras.utils.set_random_seed(experiment.seed)
@@ -76,6 +73,8 @@ def start_runtime(
             f"into the Trainer's methods."
         ) from None
     runtime.check_jit_compile(experiment.jit_compile)
+    if experiment.mixed_precision:
+        keras.mixed_precision.set_global_policy(experiment.mixed_precision)
     logging.info(
         "strategy %s with %d replica(s) in sync", config.name, runtime.strategy.num_replicas_in_sync
     )
@@ -85,8 +84,6 @@ def start_runtime(
 def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> Run:
     """The training task of `cluster` for `experiment`, restored from model_dir (or warm-started)."""
     runtime = start_runtime(experiment, cluster, model_dir)
-    if experiment.mixed_precision:
-        keras.mixed_precision.set_global_policy(experiment.mixed_precision)
     trainer = experiment.trainer_cls()
     trainer.context = runtime.context
     global_step, checkpoint = build_state(trainer, runtime.strategy, runtime=runtime)
@@ -97,6 +94,7 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
         global_step=global_step,
         keep=experiment.keep_checkpoints,
         spans_tasks=runtime.spans_tasks,
+        is_writer=runtime.keeps_checkpoints(cluster),
     )
     apply_warm_start.warm_start_or_resume(
         experiment.warm_start,
@@ -120,15 +118,15 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
         trainer=trainer,
         global_step=global_step,
         checkpointer=checkpointer,
-        evaluator=loops.EvalLoop(trainer, runtime.strategy, distributed=not runtime.schedules),
+        evaluator=runtime.eval_loop(trainer),
         max_over_workers=max_over_workers,
     )
-    own_hooks = task_hooks.task_hooks(context, schedules=runtime.schedules)
+    own_hooks = task_hooks.task_hooks(context, answers_ps=runtime.answers_ps_save_requests(cluster))
     return Run(
         context=context,
         loop=loop,
         runtime=runtime,
         hooks=[*experiment.hooks, *own_hooks],
-        sync_statistics=statistics.StatisticsSync(runtime.strategy, trainer.model),
+        sync_statistics=statistics.StatisticsSync(runtime, trainer.model),
         stop=task_hooks.between_loops(context, own_hooks),
     )

@@ -122,12 +122,13 @@ class SaveOnPreemption(Hook):
         )
 
 
-def task_hooks(run: RunContext, *, schedules: bool) -> list[Hook]:
-    """The task's hooks, in the order they run after the user's (see the module docstring)."""
+def task_hooks(run: RunContext, *, answers_ps: bool) -> list[Hook]:
+    """The task's hooks, in the order they run after the user's (see the module docstring);
+    `answers_ps`: the strategy's `answers_ps_save_requests` (parameter_server's chief)."""
     return [
         RunFiles(),
         StopWhenDataEnds(),
-        SaveOnPreemption(run.model_dir, answers_ps=schedules and run.cluster.is_chief),
+        SaveOnPreemption(run.model_dir, answers_ps=answers_ps),
     ]
 
 

@@ -1,18 +1,22 @@
 """A parameter_server cluster that stopped answering: save what the finished loops counted, then exit.
 
-`runtime.strategies.parameter_server.watchdog` raises `ClusterStalledError` when no scheduled closure
-finished for `parameter_server.stall_timeout_s`; this turns it into the task's
-last words: what was saved, and that a restart resumes.
+`watchdog` raises `ClusterStalledError` when no scheduled closure finished for
+`parameter_server.stall_timeout_s`; this turns it into the task's last words (what was
+saved, and that a restart resumes), asked by `ParameterServerRuntime.run_loop`. `run` is
+the training task's `RunContext` (train/run_context), which sits above this layer.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from tfdist_trainer.errors import ClusterStalledError
-from tfdist_trainer.runtime.train.run_context import RunContext
+
+if TYPE_CHECKING:
+    from tfdist_trainer.runtime.train.run_context import RunContext
 
 #: The longest a chief waits for its last checkpoint after the watchdog fired.
 STALL_SAVE_TIMEOUT_S = 60.0
