@@ -56,6 +56,7 @@ from tfdist_trainer.sharding.shard_placement import (
     is_parameter_server,
     placement_ledger,
     ps_devices,
+    strategy_kind,
 )
 from tfdist_trainer.sharding.weight import shard_initializer
 
@@ -85,9 +86,7 @@ def _reinitializer(initializer: Any, shard: int) -> Any:
 
 
 def _refuse_replicas(layer_name: str, strategy: tf.distribute.Strategy) -> None:
-    if is_parameter_server(strategy) or not tf.distribute.has_strategy():
-        return
-    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+    if strategy_kind(strategy) != "replicated":
         return
     raise ConfigError(
         f"{layer_name}: a DynamicEmbedding runs under one_device or parameter_server only, "

@@ -27,8 +27,22 @@ from tfdist_trainer import tf_compat
 from tfdist_trainer.variables import device_of, stored_bytes
 
 
+def strategy_kind(strategy: tf.distribute.Strategy) -> str:
+    """How a sharded layer sees the active strategy: 'parameter_server', 'one_device' (also no
+    strategy: one copy of every variable) or 'replicated' (every replica holds every variable).
+
+    The one place the sharding layers, which a user's model carries into any strategy, ask
+    which strategy runs (issue 38: no strategy checks outside the strategies' homes but this).
+    """
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return "parameter_server"
+    if not tf.distribute.has_strategy() or isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return "one_device"
+    return "replicated"
+
+
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
-    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    return strategy_kind(strategy) == "parameter_server"
 
 
 def ps_devices(strategy: tf.distribute.Strategy | None = None) -> list[str]:
