@@ -250,16 +250,7 @@ class ClickTrainer(Trainer):
         """Feature f's table: fixed rows (ids < vocab), or dynamic (any int64 id or string is a key)."""
         initializer = keras.initializers.RandomUniform(-0.01, 0.01)
         if self.dynamic_capacity is not None:
-            return sharding.DynamicEmbedding(
-                1 + dim,
-                self.dynamic_capacity[f],
-                num_shards=shards,
-                key_dtype=self.key_dtype,
-                min_count=self.min_count,
-                max_age_steps=self.max_age_steps,
-                embeddings_initializer=initializer,
-                name=f"table_{f}",
-            )
+            return self._dynamic_table(dim, self.dynamic_capacity[f], shards, name=f"table_{f}")
         return sharding.ShardedEmbedding(
             vocab,
             1 + dim,
@@ -271,17 +262,28 @@ class ClickTrainer(Trainer):
 
     def _stacked_table(self) -> keras.layers.Layer:
         """Every feature's dynamic table as one (`stacked_tables`): the capacities summed."""
-        shards = {s for s in self.num_shards}
-        return sharding.DynamicEmbedding(
-            1 + self.embedding_dims[0],
+        shards = set(self.num_shards)
+        return self._dynamic_table(
+            self.embedding_dims[0],
             sum(self.dynamic_capacity),
-            num_shards=max(shards) if None not in shards else None,
+            max(shards) if None not in shards else None,
+            name="tables",
+            stacked_features=len(self.vocab_sizes),
+        )
+
+    def _dynamic_table(
+        self, dim: int, capacity: int, shards: int | None, **kwargs: Any
+    ) -> keras.layers.Layer:
+        """A dynamic table of the recipe's settings (a feature's, or the stacked features')."""
+        return sharding.DynamicEmbedding(
+            1 + dim,
+            capacity,
+            num_shards=shards,
             key_dtype=self.key_dtype,
             min_count=self.min_count,
             max_age_steps=self.max_age_steps,
             embeddings_initializer=keras.initializers.RandomUniform(-0.01, 0.01),
-            stacked_features=len(self.vocab_sizes),
-            name="tables",
+            **kwargs,
         )
 
     def _raw_ids(self) -> bool:
