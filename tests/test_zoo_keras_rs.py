@@ -1,5 +1,5 @@
 """The model zoo's keras_rs_dlrm (configs/zoo/keras_rs_dlrm.gin: a DLRM / DCN-v2 written with keras-rs,
-its tables through sharding.from_keras_rs) under every strategy (see tests/zoo.py).
+its tables through sharding.from_keras_rs) under the strategies of zoo.RUNS (see tests/zoo.py).
 
 Under parameter_server with 2 ps, the point of the bridge: keras-rs' own
 DistributedEmbedding puts each table whole on one ps (imbalance 207% measured);
@@ -19,7 +19,9 @@ MODEL = "keras_rs_dlrm"
 TABLES = 6  # KerasRsDlrmTrainer.vocab_sizes in configs/zoo/keras_rs_dlrm.gin
 # parameter_server has its own test below, with 2 ps. Under model_parallel each table is one shard
 # (num_shards None outside parameter_server) that the 'auto' plan places whole on a device.
-NOT_PS = tuple(s for s in zoo.STRATEGIES if s != "parameter_server")
+# mirrored at 10 and multi_worker_mirrored at 'auto': wide_deep, whose tables meet them too
+# (tests/zoo.py, RUNS).
+NOT_PS = zoo.strategies(MODEL, but=["parameter_server"])
 TABLE_SHARD = re.compile(r"^embedding/(table_\d+)/embeddings_shard_\d+$")
 
 

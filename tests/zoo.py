@@ -2,11 +2,13 @@
 
 Tiny models prove the plumbing; some TensorFlow failures appear only at real
 sizes (Grappler's MemoryOptimizer rewrites a loop's AddN nodes once a graph's
-estimated memory is large, issue 20). Each model of the zoo (configs/zoo/)
-trains under one_device, mirrored, multi_worker_mirrored, parameter_server and
-model_parallel; across the models every strategy meets steps_per_loop 1, 10 and
-'auto' (a Latin square: model i under strategy j gets STEPS_PER_LOOP[(i + j) % 3]),
-so the Transformer LM meets 10 under one_device, the case that crashed.
+estimated memory is large, issue 20). Every strategy (one_device, mirrored,
+multi_worker_mirrored, parameter_server, model_parallel) trains several models of
+the zoo (configs/zoo/), and across the models every strategy meets steps_per_loop
+1, 10 and 'auto' (a Latin square: model i under strategy j gets
+STEPS_PER_LOOP[(i + j) % 3]), so the Transformer LM meets 10 under one_device, the
+case that crashed. RUNS names the (model, strategy) cells the zoo's tests run;
+tests/test_zoo_transformer_lm.py checks that they still cover the square.
 """
 
 from __future__ import annotations
@@ -40,6 +42,31 @@ MIXED_BFLOAT16 = ("resnet_cnn", "one_device")
 # One zoo run reads its data through the tf.data service: its loop (the one that stops when a
 # finite dataset ends) meets a real-shape model, at steps_per_loop 10.
 DATA_SERVICE = ("transformer_lm", "parameter_server")
+# The cells the zoo's tests run (each a launched job of 4-5 processes, 25-160 s under load). A
+# cell left out repeats what others hold: the same strategy at the same steps_per_loop on another
+# real-shape model. Kept: every strategy at 1, 10 and 'auto' (checked by
+# test_zoo_transformer_lm.py), the Transformer LM at 10 under one_device (issue 20), the two
+# cells above, keras-hub's models under both splitting strategies and every strategy on one of
+# them, resnet_cnn's pipelined BatchNorm and wide_deep's own train_step under model_parallel.
+# keras_hub_gpt2 under parameter_server: its everyday-knobs test; keras_rs_dlrm under
+# parameter_server: its 2-ps test. Left out, with where its (strategy, steps_per_loop) lives:
+# transformer_lm mirrored/'auto' (keras_hub_gpt2), multi_worker_mirrored/1 (keras_hub_gpt2),
+# model_parallel/'auto' (keras_hub_gpt2); resnet_cnn parameter_server/'auto' (keras_hub_bert);
+# wide_deep one_device/1 (keras_rs_dlrm); keras_hub_gpt2 one_device/10 (transformer_lm);
+# keras_rs_dlrm mirrored/10 and multi_worker_mirrored/'auto' (wide_deep).
+RUNS = {
+    "transformer_lm": ("one_device", "parameter_server"),
+    "resnet_cnn": ("one_device", "mirrored", "multi_worker_mirrored", "model_parallel"),
+    "wide_deep": ("mirrored", "multi_worker_mirrored", "parameter_server", "model_parallel"),
+    "keras_hub_gpt2": ("mirrored", "multi_worker_mirrored", "parameter_server", "model_parallel"),
+    "keras_hub_bert": ("parameter_server", "model_parallel"),
+    "keras_rs_dlrm": ("one_device", "parameter_server", "model_parallel"),
+}
+
+
+def strategies(model: str, but: Sequence[str] = ()) -> list[str]:
+    """The strategies the zoo trains `model` under (RUNS), less `but` (those its own tests run)."""
+    return [s for s in RUNS[model] if s not in but]
 
 
 def steps_per_loop(model: str, strategy: str) -> str:
