@@ -359,6 +359,20 @@ def test_multi_worker_mirrored_with_a_ps_job(model_dir):
     )
 
 
+def test_async_checkpoint_where_every_worker_takes_part_in_a_save(model_dir):
+    cluster = free_port_cluster({"worker": 2})
+    r = _train(
+        *_mnist("multi_worker_mirrored", model_dir, "--gin_bindings=train.async_checkpoint=True"),
+        tf_config_text=tf_config(cluster, "worker", 0),
+    )
+    _check_run(
+        r,
+        model_dir,
+        ["train.async_checkpoint=True", "multi_worker_mirrored", "every worker", "set it to False"],
+        role="worker:0",
+    )
+
+
 # -- the network --------------------------------------------------------------------------
 
 

@@ -88,7 +88,7 @@ def assert_one_schedule(model_dir, out: str, *, every: int, steps: int, by: str)
     # The chief saved a checkpoint at each eval point for the evaluator, and evaluated none.
     chief = "\n".join(role_lines(out, "chief:0"))
     saved = [
-        int(s) for s in re.findall(r"saved checkpoint \S+/ckpt-(\d+) in [\d.]+s$", chief, re.M)
+        int(s) for s in re.findall(r"saved checkpoint \S+/ckpt-(\d+) in [\d.]+s\b", chief, re.M)
     ]
     assert saved == points, (saved, points)
     assert "eval at step" not in chief, chief[-3000:]

@@ -393,7 +393,7 @@ def test_extra_hooks_entry_that_is_not_a_hook(project, tmp_path):
 # -- CheckpointHook.every_n_seconds --------------------------------------------------
 
 SAVED = re.compile(
-    r"^\[local\] I(\d{4} \d\d:\d\d:\d\d\.\d+) .*saved checkpoint \S*ckpt-(\d+) in [\d.]+s$", re.M
+    r"^\[local\] I(\d{4} \d\d:\d\d:\d\d\.\d+) .*saved checkpoint \S*ckpt-(\d+) in [\d.]+s\b", re.M
 )
 TIME_BINDINGS = (
     "train.log_every_n_steps=5",

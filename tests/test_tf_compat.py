@@ -164,6 +164,43 @@ def test_sliced_tensor_trackable_saves_one_tensor_as_slices_and_restores_another
     )
 
 
+def test_a_checkpoint_saves_stand_ins_under_the_originals_names(tmp_path):
+    """saved_tensors (current and legacy objects), saved_value (a SaveSpec read), and
+    tensors_trackable + save_stand_ins: what a background save's copies rest on."""
+    variable = tf.Variable([1.0, 2.0])
+    whole = keras.Input((1,), dtype="int64")
+    layer = sharding.ShardedEmbedding(6, 2, num_shards=2, name="t")
+    keras.Model(whole, layer(whole))
+    (table,) = [w.checkpoint for w in layer.sharded_weights()]
+    checkpoint = tf.train.Checkpoint(v=variable, table=table)
+
+    saved = tf_compat.saved_tensors(variable)
+    assert list(saved) == ["VARIABLE_VALUE"], broken("Trackable._serialize_to_tensors", saved)
+    tensor, device = tf_compat.saved_value(saved["VARIABLE_VALUE"])
+    np.testing.assert_array_equal(tensor, [1.0, 2.0])
+    assert device, broken("SaveSpec.device", "a variable's saved tensor has no device")
+    slices = tf_compat.saved_tensors(table)
+    assert len(slices) == 1 and len(next(iter(slices.values()))) == 2, broken(
+        "_gather_saveables_for_checkpoint", f"a 2-shard table saves {slices}"
+    )
+
+    given = tf_compat.tensors_trackable()
+    stand_ins = tf_compat.identity_dict()
+    stand_ins[variable] = given({"VARIABLE_VALUE": lambda: tf.constant([7.0, 8.0])})
+    key, parts = next(iter(slices.items()))
+    stand_ins[table] = given({key: {spec: (lambda: tf.fill([3, 2], 5.0)) for spec in parts}})
+    tf_compat.save_stand_ins(checkpoint, stand_ins)
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+    reader = tf.train.load_checkpoint(path)
+    np.testing.assert_array_equal(
+        reader.get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE"),
+        [7.0, 8.0],
+        err_msg=broken("Checkpoint._saver._object_map", "the stand-in was not saved"),
+    )
+    assert (reader.get_tensor(f"table/.ATTRIBUTES/{key}") == 5.0).all()
+    np.testing.assert_array_equal(variable.numpy(), [1.0, 2.0])  # the original is untouched
+
+
 def test_replaces_checkpoint_children_chooses_what_a_checkpoint_saves(tmp_path):
     """Trackable._trackable_children(save_type): a layer's checkpoint children are what
     checkpoint_children returns; a SavedModel still sees the default ones."""

@@ -28,7 +28,9 @@ from tfdist_trainer.runtime import checkpoints
 from tfdist_trainer.runtime.checkpoints import Checkpointer, failures
 
 
-def make_checkpointer(model_dir: str, *, units: int = 8, keep: int = 5) -> Checkpointer:
+def make_checkpointer(
+    model_dir: str, *, units: int = 8, keep: int = 5, background: bool = False
+) -> Checkpointer:
     """A Checkpointer of a lone task over a small model, Adam's slots built (as in build_state)."""
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(units)])
     optimizer = keras.optimizers.Adam()
@@ -41,6 +43,7 @@ def make_checkpointer(model_dir: str, *, units: int = 8, keep: int = 5) -> Check
         checkpoint=checkpoint,
         global_step=step,
         keep=keep,
+        background=background,
     )
 
 
@@ -167,16 +170,20 @@ def test_lost_peers_and_bugs_are_not_damage():
     assert reason == "DataLossError: bad crc"
 
 
-def test_a_refused_save_is_one_sentence_and_leaves_the_previous_checkpoint_listed(saved):
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+def test_a_refused_save_is_one_sentence_and_leaves_the_previous_checkpoint_listed(
+    saved, background
+):
     local, uri = saved
-    checkpointer = make_checkpointer(uri)
+    checkpointer = make_checkpointer(uri, background=background)
     checkpointer.restore()  # (it removes ckpt-*_temp leftovers)
     # A file where the save's temporary directory goes: SaveV2 fails ("Not a directory").
     with open(os.path.join(local, "ckpt-300_temp"), "w"):
         pass
     checkpointer.global_step.assign(300)
     with pytest.raises(CheckpointWriteError) as raised:
-        checkpointer.save(300)
+        checkpointer.save(300)  # a background save fails on its thread: wait() raises it
+        checkpointer.wait()
     message = str(raised.value)
     assert raised.value.exit_code == EXIT_STORAGE
     assert "\n" not in message and "{{" not in message and "[Op:" not in message, message

@@ -118,7 +118,7 @@ def test_the_stall_save_is_durable_before_the_chief_exits(tmp_path):
 # -- readers never see a checkpoint before its files are complete ----------------------------
 
 
-def real_checkpointer(model_dir: str, *, spans_tasks: bool) -> Checkpointer:
+def real_checkpointer(model_dir: str, *, spans_tasks: bool, background: bool) -> Checkpointer:
     step = tf.Variable(0, dtype=tf.int64)
     checkpoint = tf.train.Checkpoint(global_step=step, weights=tf.Variable(tf.zeros([64, 8])))
     return Checkpointer(
@@ -128,6 +128,7 @@ def real_checkpointer(model_dir: str, *, spans_tasks: bool) -> Checkpointer:
         global_step=step,
         keep=5,
         spans_tasks=spans_tasks,
+        background=background,
     )
 
 
@@ -139,12 +140,13 @@ def side_car_pick(model_dir: str) -> str | None:
     return None if latest is None else latest.rsplit("/", 1)[-1]
 
 
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
 @pytest.mark.parametrize("spans_tasks", [False, True], ids=["manager", "traced-write"])
 def test_a_checkpoint_is_visible_to_readers_only_once_its_files_are_complete(
-    tmp_path, monkeypatch, spans_tasks
+    tmp_path, monkeypatch, spans_tasks, background
 ):
     model_dir = f"file://{tmp_path}"
-    checkpointer = real_checkpointer(model_dir, spans_tasks=spans_tasks)
+    checkpointer = real_checkpointer(model_dir, spans_tasks=spans_tasks, background=background)
     seen: list[tuple[str, str | None, int]] = []
     relist = checkpoint_management.update_checkpoint_state_internal
 

@@ -45,6 +45,8 @@ def test_gradient_accumulation_and_a_profile_are_accepted():
         (dict(profile_steps=(40, 80)), "train.profile_steps must be (first, last)"),
         (dict(profile_steps=(9, 5)), "train.profile_steps must be (first, last)"),
         (dict(profile_steps=5), "train.profile_steps must be (first, last)"),
+        (dict(async_checkpoint="yes"), "train.async_checkpoint must be True, False or None"),
+        (dict(async_checkpoint=1), "train.async_checkpoint must be True, False or None"),
     ],
 )
 def test_bad_knobs_are_one_sentence(settings, message):

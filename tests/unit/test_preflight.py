@@ -170,6 +170,30 @@ def test_the_strategy_checks_the_tasks_cluster_and_says_what_it_does(tmp_path):
     assert (prepared.cluster, prepared.action) == (worker, Action.SERVE)
 
 
+def test_async_checkpoint_is_refused_only_where_every_worker_takes_part_in_a_save(tmp_path):
+    workers = {"worker": ["h0:1", "h1:1"]}
+    mwms = cluster_lib.from_tf_config(tf_config(**workers))
+    asked = bindings("multi_worker_mirrored", "train.async_checkpoint = True")
+    message = refused(ConfigError, preflight.TRAIN_TASK, tmp_path, [], asked, cluster=mwms)
+    assert message.startswith(
+        "train.async_checkpoint=True cannot work under multi_worker_mirrored across workers"
+    ), message
+    model_parallel = bindings(
+        "model_parallel",
+        "model_parallel.data_parallel = 'multi_worker_mirrored'",
+        "train.async_checkpoint = True",
+    )
+    assert "model_parallel across workers" in refused(
+        ConfigError, preflight.TRAIN_TASK, tmp_path, [], model_parallel, cluster=mwms
+    )
+    # One worker alone, or parameter_server's chief (the ps write their own parts): accepted.
+    alone = cluster_lib.from_tf_config(tf_config(worker=["h0:1"]))
+    preflight.prepare(preflight.TRAIN_TASK, tmp_path, [], asked, cluster=alone)
+    chief = cluster_lib.from_tf_config(tf_config(**PS_CLUSTER))
+    ps_asked = bindings("parameter_server", "train.async_checkpoint = True")
+    preflight.prepare(preflight.TRAIN_TASK, tmp_path, [], ps_asked, cluster=chief)
+
+
 def test_the_python_api_trains_in_one_process_only(tmp_path):
     model_dir = tmp_path / "run"
     environ = {"TF_CONFIG": tf_config(**PS_CLUSTER)}

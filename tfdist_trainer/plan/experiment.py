@@ -35,6 +35,10 @@ class Experiment:
         checkpoint at each of them instead, and the evaluator evaluates every checkpoint.
       checkpoint_every_n_steps: None saves only at the end (see CheckpointHook for time-based saves).
       keep_checkpoints: how many checkpoints to keep (besides one an evaluator is reading).
+      async_checkpoint: a save copies the state (each tensor on the device that holds it: a
+        ps's tables on that ps) and training goes on while a thread writes it. None: on
+        wherever a save involves one task only (not where every worker takes part in a save:
+        multi_worker_mirrored or model_parallel across workers); True there is refused.
       extra_hooks: more hooks after the default ones, e.g. [@EarlyStopping(), @ExportSavedModel()].
       seed: seeds Python, NumPy and TF for reproducible runs; None leaves them random.
       jit_compile: compile each replica's train step with XLA.
@@ -61,6 +65,7 @@ class Experiment:
         eval_every_n_steps: int | None = None,
         checkpoint_every_n_steps: int | None = 1000,
         keep_checkpoints: int = 3,
+        async_checkpoint: bool | None = None,
         extra_hooks: Sequence[Any] = (),
         seed: int | None = None,
         jit_compile: bool = False,
@@ -119,6 +124,12 @@ class Experiment:
         self.jit_compile = jit_compile
         self.mixed_precision = mixed_precision
         self.keep_checkpoints = keep_checkpoints
+        if async_checkpoint is not None and not isinstance(async_checkpoint, bool):
+            raise ConfigError(
+                f"train.async_checkpoint must be True, False or None (on where it is safe), "
+                f"got {async_checkpoint!r}."
+            )
+        self.async_checkpoint = async_checkpoint
         self.log_every_n_steps = log_every_n_steps
         self.eval_every_n_steps = eval_every_n_steps
         self.checkpoint_every_n_steps = checkpoint_every_n_steps

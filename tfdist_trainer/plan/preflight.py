@@ -153,6 +153,13 @@ def prepare(
         if entry.one_process:
             _one_process_strategy(entry.one_process, strategy_config)
         strategy_config.validate(cluster)
+        if experiment.async_checkpoint and strategy_config.saves_with_peers(cluster):
+            raise ConfigError(
+                f"train.async_checkpoint=True cannot work under {strategy_config.name} across "
+                f"workers: every worker takes part in each save (collectives), which cannot run "
+                f"on one worker's background thread; leave train.async_checkpoint unset (on "
+                f"where it is safe) or set it to False."
+            )
         action = strategy_config.action(cluster)
     return Prepared(entry, model_dir, experiment, cluster, action)
 

@@ -5,7 +5,7 @@ there is no public way. tests/test_tf_compat.py exercises every one of them
 against the installed TensorFlow and Keras, so an upgrade that removes or
 changes one fails there, by name, instead of deep inside a training run.
 
-One module per area (checkpoints, Keras variables, Keras optimizers and metrics,
+One module per area (checkpoints, a background save's copies, Keras variables, Keras optimizers and metrics,
 tf.distribute, compiled Keras models); every name is re-exported here, so callers write
 `tf_compat.<name>` whatever module holds it.
 
@@ -13,6 +13,13 @@ TensorFlow and Keras are imported inside the functions: importing this package
 starts nothing (model-parallel plans are checked before TF starts).
 """
 
+from tfdist_trainer.tf_compat.checkpoint_copies import (
+    identity_dict,
+    save_stand_ins,
+    saved_tensors,
+    saved_value,
+    tensors_trackable,
+)
 from tfdist_trainer.tf_compat.checkpoints import (
     ReplacesCheckpointChildren,
     checkpoint_variable_names,
@@ -74,6 +81,7 @@ __all__ = [
     "distributed_components",
     "export_archive_of",
     "graph_functions",
+    "identity_dict",
     "in_stateless_scope",
     "in_symbolic_scope",
     "local_component",
@@ -84,11 +92,15 @@ __all__ = [
     "recreate_variable_storage",
     "remote_value_finished",
     "replace_gradient_all_reduce",
+    "save_stand_ins",
     "saveable_classes",
+    "saved_tensors",
+    "saved_value",
     "sliced_tensor_trackable",
     "sparse_read",
     "stored_dtype",
     "sublayers",
+    "tensors_trackable",
     "trackable_base",
     "variable_storage",
     "wait_at_barrier",

@@ -81,6 +81,12 @@ class StrategyConfig:
         """Tasks that must be listening before this task starts TF."""
         return []
 
+    def saves_with_peers(self, cluster: ClusterConfig) -> bool:
+        """Whether other workers take part in each of this task's checkpoint saves (collectives):
+        such a save cannot run on one task's thread (`train.async_checkpoint`). A ps writes its
+        own part of parameter_server's checkpoints, but the chief alone starts the save."""
+        return False
+
     def launch_layout(self, *, num_workers: int, num_ps: int) -> dict[str, int]:
         """The task types and counts `tfdist-launch` starts for this strategy."""
         return {CHIEF: 1}

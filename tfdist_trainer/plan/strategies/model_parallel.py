@@ -101,6 +101,9 @@ class ModelParallel(StrategyConfig):
     def peers(self, cluster: ClusterConfig) -> list[TaskAddress]:
         return self.workers.peers(cluster) if self.workers else []
 
+    def saves_with_peers(self, cluster: ClusterConfig) -> bool:
+        return bool(self.workers) and self.workers.saves_with_peers(cluster)
+
     def launch_layout(self, *, num_workers: int, num_ps: int) -> dict[str, int]:
         return (
             self.workers.launch_layout(num_workers=num_workers, num_ps=num_ps)

@@ -71,6 +71,9 @@ class MultiWorkerMirrored(StrategyConfig):
             return []
         return [t for t in cluster.tasks((CHIEF, WORKER)) if t.name != cluster.role]
 
+    def saves_with_peers(self, cluster: ClusterConfig) -> bool:
+        return bool(self.peers(cluster))
+
     def launch_layout(self, *, num_workers: int, num_ps: int) -> dict[str, int]:
         return {WORKER: num_workers}
 

@@ -1,12 +1,14 @@
 """Checkpoints: save every N steps and at the end, keep K, restore at start.
 
-One module per job, so that each can change alone (an asynchronous writer is
-a change to `writer` only):
+One module per job, so that each can change alone (the asynchronous writer
+came as two modules and one argument, `background`):
 
 * `checkpointer`: `Checkpointer`, what a task holds: `restore()`, `save(step)`,
   `wait()` and their contract (when the files are durable).
 * `writer`: writes a checkpoint, lists it, sweeps old ones (peers' throw-away
   copies, the traced write of a checkpoint that spans tasks).
+* `background_writer`: the same write on a thread, after a copy of the state
+  (`snapshot`: each tensor copied on its own device), so training goes on.
 * `restore`: the newest checkpoint that reads; damaged ones set aside.
 * `listing`: the ``checkpoint`` file readers follow, and the order that keeps
   a half-written checkpoint out of their sight.

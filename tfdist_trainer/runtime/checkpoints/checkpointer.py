@@ -15,6 +15,7 @@ from tfdist_trainer.io import storage
 from tfdist_trainer.io.checkpoint_names import step_of
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.runtime.checkpoints import restore as restoring
+from tfdist_trainer.runtime.checkpoints.background_writer import BackgroundWriter
 from tfdist_trainer.runtime.checkpoints.listing import Location
 from tfdist_trainer.runtime.checkpoints.writer import SyncWriter
 
@@ -35,10 +36,13 @@ class Checkpointer:
         keep: int,
         spans_tasks: bool = False,
         is_writer: bool | None = None,
+        background: bool = False,
     ):
         """`spans_tasks`: the variables live on other tasks (parameter_server; `writer`'s doc);
         `is_writer`: this task's checkpoints are the run's (`StrategyRuntime.keeps_checkpoints`;
-        default: the chief's), else a throw-away copy."""
+        default: the chief's), else a throw-away copy; `background`: `save` copies the state
+        and a thread writes it (`background_writer`; only where no other worker takes part in
+        a save, `train.async_checkpoint`)."""
         self.model_dir = model_dir
         self.is_writer = cluster.is_chief if is_writer is None else is_writer
         self.global_step = global_step
@@ -52,7 +56,8 @@ class Checkpointer:
             ),
             is_writer=self.is_writer,
         )
-        self._writer = SyncWriter(
+        writer = BackgroundWriter if background and self.is_writer else SyncWriter
+        self._writer = writer(
             checkpoint,
             self._where,
             keep=keep,
@@ -86,9 +91,10 @@ class Checkpointer:
         Durable: the files are complete on storage and listed in model_dir's ``checkpoint``
         file (what every reader follows) once `wait()` has returned. A checkpoint is listed
         only when its files are complete, so no reader ever sees a half-written one. The
-        writer today is synchronous: `save` itself returns durable; a caller must not rely
-        on that, and calls `wait()` before it needs the files (an export from them, the
-        done marker, an exit). The state may change as soon as `save` returns.
+        background writer returns once the state is copied and writes it on a thread (the
+        synchronous one returns durable); a caller calls `wait()` before it needs the files
+        (an export from them, the done marker, an exit). The state may change as soon as
+        `save` returns.
 
         A write the storage refuses ends the task with one sentence (`CheckpointWriteError`,
         `StorageUnavailable`) after its leftovers are removed; the previous checkpoint stays
@@ -98,5 +104,6 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Returns once every save asked for is durable (files complete and listed); raises the
-        error of one that failed. At once when nothing is pending (the synchronous writer)."""
+        error of one that failed. At once when nothing is pending (always, for the synchronous
+        writer)."""
         self._writer.wait()

@@ -113,8 +113,14 @@ class SyncWriter:
         path = self._write(step)
         self.last_saved_step = step
         # How long a save takes is what a preempted task's grace period must cover (BUILD.md).
-        logging.info("saved checkpoint %s in %.2fs", path, time.monotonic() - started)
+        logging.info(
+            "saved checkpoint %s in %.2fs%s", path, time.monotonic() - started, self._how()
+        )
         self._sweep()
+
+    def _how(self) -> str:
+        """What the "saved checkpoint" line adds about how it was saved (a background writer's)."""
+        return ""
 
     def _clean_up_failed_save(self, path: str) -> None:
         """Removes what a failed save of checkpoint `path` left: its ``_temp`` directory, its

@@ -95,6 +95,8 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
         keep=experiment.keep_checkpoints,
         spans_tasks=runtime.spans_tasks,
         is_writer=runtime.keeps_checkpoints(cluster),
+        background=experiment.async_checkpoint is not False
+        and not experiment.strategy_config.saves_with_peers(cluster),
     )
     apply_warm_start.warm_start_or_resume(
         experiment.warm_start,

@@ -1,0 +1,135 @@
+"""The background writer (`train.async_checkpoint`), in process: a save holds the state of its
+step while training goes on, and writes the same checkpoint a synchronous save writes.
+
+The model carries every kind of object a checkpoint saves differently: Keras variables and an
+Adagrad optimizer's slots, a `ShardedEmbedding` (saved as slices of one logical table), a
+`DynamicEmbedding` (saved as its keys and rows, whose shapes change as keys arrive) and
+`SparseAdagrad`'s reshardable slots. Multi-task runs (the ps's own parts) are in
+tests/test_background_checkpoints.py.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist_trainer import sharding
+from tfdist_trainer.plan.cluster import ClusterConfig
+from tfdist_trainer.runtime.checkpoints import Checkpointer
+
+BATCHES = [
+    (
+        np.array([[i % 7, (3 * i) % 11], [i % 5, 100 + i]], np.int64),
+        np.array([[i % 40, (7 * i) % 50], [i % 13, 49 - i % 50]], np.int64),
+    )
+    for i in range(12)
+]
+
+
+def trained_state(steps: int):
+    """(checkpoint, global_step, step function) of a model with both kinds of table, trained."""
+    keras.utils.set_random_seed(3)
+    ids = keras.Input((2,), dtype="int64")
+    fixed = keras.Input((2,), dtype="int64")
+    grown = sharding.DynamicEmbedding(4, 16, num_shards=2, min_count=1, name="grown")(ids)
+    table = sharding.ShardedEmbedding(50, 4, num_shards=2, name="table")(fixed)
+    joined = keras.layers.Concatenate()(
+        [keras.layers.Flatten()(grown), keras.layers.Flatten()(table)]
+    )
+    model = keras.Model([ids, fixed], keras.layers.Dense(1, name="out")(joined))
+    optimizer = sharding.SparseAdagrad(0.1)
+    optimizer.build(model.trainable_variables)
+    global_step = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step(batch):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(list(batch), training=True) - 1.0))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        global_step.assign_add(1)
+
+    for batch in BATCHES[:steps]:
+        step(batch)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, global_step=global_step)
+    return checkpoint, global_step, step
+
+
+def checkpointer(model_dir: str, checkpoint, global_step, *, background: bool) -> Checkpointer:
+    return Checkpointer(
+        model_dir=model_dir,
+        cluster=ClusterConfig(cluster={}),
+        checkpoint=checkpoint,
+        global_step=global_step,
+        keep=5,
+        background=background,
+    )
+
+
+def contents(prefix: str) -> dict[str, np.ndarray]:
+    reader = tf.train.load_checkpoint(prefix)
+    return {
+        name: reader.get_tensor(name)
+        for name, _ in tf.train.list_variables(prefix)
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    }
+
+
+def test_a_background_save_holds_its_step_while_training_goes_on(tmp_path):
+    checkpoint, global_step, step = trained_state(steps=6)
+    writer = checkpointer(str(tmp_path / "bg"), checkpoint, global_step, background=True)
+    writer.save(6)
+    for batch in BATCHES[6:]:  # training goes on before the write is waited for
+        step(batch)
+    writer.wait()
+    saved_in_background = contents(str(tmp_path / "bg" / "ckpt-6"))
+
+    reference, ref_step, _ = trained_state(steps=6)
+    checkpointer(str(tmp_path / "sync"), reference, ref_step, background=False).save(6)
+    saved_in_sync = contents(str(tmp_path / "sync" / "ckpt-6"))
+
+    assert saved_in_background.keys() == saved_in_sync.keys()
+    # Every kind of object is there: slices of the sharded table, the dynamic table's keys.
+    names = sorted(saved_in_sync)
+    assert any(name.endswith("/table/.ATTRIBUTES/table") for name in names), names
+    assert any(name.endswith("/dynamic_table/.ATTRIBUTES/keys") for name in names), names
+    for name, value in saved_in_sync.items():
+        np.testing.assert_array_equal(saved_in_background[name], value, err_msg=name)
+    assert int(saved_in_background["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
+
+
+def test_a_background_checkpoint_restores_and_trains_on_as_the_synchronous_one(tmp_path):
+    checkpoint, global_step, _ = trained_state(steps=8)
+    writer = checkpointer(str(tmp_path / "bg"), checkpoint, global_step, background=True)
+    writer.save(8)
+    writer.wait()
+
+    restored, restored_step, restored_train = trained_state(steps=0)
+    assert (
+        checkpointer(str(tmp_path / "bg"), restored, restored_step, background=True).restore() == 8
+    )
+    reference, ref_step, ref_train = trained_state(steps=8)
+    for batch in BATCHES[8:]:
+        restored_train(batch)
+        ref_train(batch)
+    for a, b in zip(restored.model.weights, reference.model.weights, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, err_msg=a.path)
+
+
+def test_a_second_save_waits_for_the_first_and_each_is_listed_whole(tmp_path):
+    checkpoint, global_step, step = trained_state(steps=2)
+    writer = checkpointer(str(tmp_path), checkpoint, global_step, background=True)
+    for i in range(3):
+        writer.save(int(global_step.numpy()))
+        step(BATCHES[i])
+    writer.wait()
+    state = tf.train.get_checkpoint_state(str(tmp_path))
+    assert [p.rsplit("/", 1)[-1] for p in state.all_model_checkpoint_paths] == [
+        "ckpt-2",
+        "ckpt-3",
+        "ckpt-4",
+    ]
+    for prefix in state.all_model_checkpoint_paths:
+        assert int(contents(prefix)["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == int(
+            prefix.rsplit("-", 1)[-1]
+        )

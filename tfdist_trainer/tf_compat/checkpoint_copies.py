@@ -1,0 +1,107 @@
+"""Private TF checkpoint APIs for a background save: what an object saves, and saving copies instead.
+
+An asynchronous checkpoint copies every tensor a save would write (on the
+device that holds it), lets training go on, and writes the copies from another
+thread. That needs three things TF only has privately: the tensors an object
+saves (`Trackable._serialize_to_tensors`, or the SaveableObjects of an older
+object such as a sharded table), an object that saves given tensors under the
+original's names, and a way to make `tf.train.Checkpoint` save such stand-ins
+in place of the originals (the object map TF's own async checkpoint sets). TF's
+own async checkpoint (`CheckpointOptions(enable_async=True)`) cannot be used
+as it is: Keras 3 variables make their copy with a `tf.Variable(...)` on the
+saving thread's device (the chief's memory under parameter_server), created
+once inside a traced function, so later saves would write stale values.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+
+def saved_tensors(trackable: Any) -> dict[str, Any]:
+    """{local name: value or {slice spec: value}}: what a checkpoint saves for `trackable` alone.
+
+    A value is a tensor, a variable, or a `SaveSpec` (`saved_value` reads it).
+    Objects of TF's current protocol answer `_serialize_to_tensors`; older ones
+    (sharded tables, `sliced_tensor_trackable`) give SaveableObjects, whose
+    specs are named by the local names a checkpoint gives them. An object with
+    no tensors of its own (a layer, a list) gives {}.
+    """
+    from tensorflow.python.training.saving import saveable_object_util
+
+    if saveable_object_util.trackable_has_serialize_to_tensor(trackable):
+        return dict(trackable._serialize_to_tensors())  # noqa: SLF001
+    saved: dict[str, Any] = {}
+    for name, factory in trackable._gather_saveables_for_checkpoint().items():  # noqa: SLF001
+        # A factory, or (older still) the variable itself (a ps-placed variable's wrapper).
+        if callable(factory):
+            saveables = [factory(name=name)]
+        else:
+            saveables = list(saveable_object_util.saveable_objects_for_op(factory, name))
+        for spec in (spec for saveable in saveables for spec in saveable.specs):
+            key = spec.name.decode() if isinstance(spec.name, bytes) else spec.name
+            slice_spec = spec.slice_spec
+            if isinstance(slice_spec, bytes):
+                slice_spec = slice_spec.decode()
+            if slice_spec:
+                saved.setdefault(key, {})[slice_spec] = spec
+            else:
+                saved[key] = spec
+    return saved
+
+
+def saved_value(value: Any) -> tuple[Any, str | None]:
+    """(tensor, device) of one value of `saved_tensors`: a `SaveSpec` is read (its tensor may be
+    computed only when asked); the device is where a copy of it should live."""
+    from tensorflow.python.training.saving import saveable_object
+
+    if isinstance(value, saveable_object.SaveSpec):
+        return value.tensor, value.device or None
+    return value, getattr(value, "device", None) or None
+
+
+@functools.cache
+def tensors_trackable() -> type:
+    """A Trackable class saving given tensors: ``cls(tensors)`` with {local name: callable or
+    {slice spec: callable}}, each callable returning the tensor to write.
+
+    A checkpoint asks an object for its tensors through
+    `Trackable._serialize_to_tensors`; TF has no public class that answers it
+    with tensors it is given.
+    """
+    import tensorflow as tf
+
+    class SavesGivenTensors(tf.__internal__.tracking.Trackable):
+        def __init__(self, tensors: dict[str, Any]):
+            self._tensors = tensors
+
+        def _serialize_to_tensors(self):
+            return {
+                key: (
+                    {spec: read() for spec, read in value.items()}
+                    if isinstance(value, dict)
+                    else value()
+                )
+                for key, value in self._tensors.items()
+            }
+
+    return SavesGivenTensors
+
+
+def save_stand_ins(checkpoint: Any, stand_ins: dict[Any, Any]) -> None:
+    """Makes every later save of `checkpoint` write ``stand_ins[obj]``'s tensors in place of obj's.
+
+    The object graph, names and keys stay the originals', so a restore cannot
+    tell. `stand_ins` is an `ObjectIdentityDictionary` (`identity_dict`). This
+    sets the object map of the checkpoint's saver, the hook TF's own
+    `AsyncCheckpointHelper` uses; there is no public one.
+    """
+    checkpoint._saver._object_map = stand_ins  # noqa: SLF001
+
+
+def identity_dict() -> Any:
+    """An `ObjectIdentityDictionary`: keys compared by identity (variables define ``==``)."""
+    from tensorflow.python.util import object_identity
+
+    return object_identity.ObjectIdentityDictionary()
