@@ -193,26 +193,33 @@ def test_k_accumulated_batches_update_like_one_batch_k_times_larger(
     assert records[0]["learning_rate"] == pytest.approx(0.1)
 
 
+CLIPPED = ("AccumulationTrainer.global_clipnorm=0.05", f"Trainer.global_batch_size={BATCH * K}")
+
+
+@pytest.fixture(scope="module")
+def clipped_one_device(trainer_dir, tmp_path_factory) -> str:
+    """The one_device run both clipping tests compare with (the same command for both: one run)."""
+    model_dir = str(tmp_path_factory.mktemp("clipped") / "one_device")
+    reference = run(trainer_dir, model_dir, "one_device", *CLIPPED)
+    assert reference.returncode == 0, reference.stdout[-6000:]
+    return model_dir
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", ["mirrored", "multi_worker_mirrored"])
-def test_global_clipnorm_clips_the_global_batch_as_one_device_does(trainer_dir, tmp_path, strategy):
-    clipped = ("AccumulationTrainer.global_clipnorm=0.05", f"Trainer.global_batch_size={BATCH * K}")
-    reference = run(trainer_dir, str(tmp_path / "one_device"), "one_device", *clipped)
-    assert reference.returncode == 0, reference.stdout[-6000:]
-    replicated = run(trainer_dir, str(tmp_path / strategy), strategy, *clipped)
+def test_global_clipnorm_clips_the_global_batch_as_one_device_does(
+    trainer_dir, clipped_one_device, tmp_path, strategy
+):
+    replicated = run(trainer_dir, str(tmp_path / strategy), strategy, *CLIPPED)
     assert replicated.returncode == 0, replicated.stdout[-6000:]
-    a, b = weights(str(tmp_path / "one_device")), weights(str(tmp_path / strategy))
+    a, b = weights(clipped_one_device), weights(str(tmp_path / strategy))
     for name in a:
         np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
     # The progress records carry the global gradient norm before clipping: the same number.
     norms = [
-        [
-            r["gradient_norm"]
-            for r in clusterlib.read_records(str(tmp_path / d))
-            if r["kind"] == "train"
-        ]
-        for d in ("one_device", strategy)
+        [r["gradient_norm"] for r in clusterlib.read_records(d) if r["kind"] == "train"]
+        for d in (clipped_one_device, str(tmp_path / strategy))
     ]
     assert len(norms[0]) == UPDATES and norms[0] == pytest.approx(norms[1], rel=1e-4), norms
     assert min(norms[0]) > 0.05  # above global_clipnorm: clipping was active
@@ -233,13 +240,25 @@ def ema_run(trainer_dir: str, model_dir: str, steps: int):
     return result
 
 
+EMA_STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def ema_whole(trainer_dir, tmp_path_factory) -> str:
+    """One uninterrupted EMA run (one_device, inline evaluations at steps 10 and 20, exported at
+    the end): the EMA test reads its checkpoint and export, the inline-evaluation test its eval
+    records (the same command for both: one run)."""
+    whole = str(tmp_path_factory.mktemp("ema") / "whole")
+    ema_run(trainer_dir, whole, EMA_STEPS)
+    return whole
+
+
 def test_ema_weights_are_evaluated_and_exported_and_training_resumes_from_the_raw_ones(
-    trainer_dir, tmp_path
+    trainer_dir, ema_whole, tmp_path
 ):
     import tensorflow as tf
 
-    whole = str(tmp_path / "whole")
-    ema_run(trainer_dir, whole, 20)
+    whole = ema_whole
     reader = tf.train.load_checkpoint(whole)
     shapes = reader.get_variable_to_shape_map()
 
@@ -282,30 +301,34 @@ def eval_loss_of(weights: list[np.ndarray]) -> float:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("evaluated_by", ["chief", "evaluator"])
 def test_evaluations_inline_and_by_the_side_car_use_the_averages(
-    trainer_dir, tmp_path, evaluated_by
+    trainer_dir, tmp_path, evaluated_by, request
 ):
     """The chief's inline evaluation and the evaluator side-car (which takes over evaluation when
     there is one) evaluate the optimizer's averages: the loss they record is the averaged
-    weights' loss, computed here in numpy from the checkpoint, not the raw weights'."""
+    weights' loss, computed here in numpy from the checkpoint, not the raw weights'.
+
+    The chief's: the EMA test's uninterrupted run (inline evaluations at steps 10 and 20, its
+    final checkpoint at 20), read here; the side-car's: a run of its own."""
     import tensorflow as tf
 
-    model_dir, steps = str(tmp_path / "m"), 20
-    task_args = args(
-        model_dir,
-        "one_device",
-        "AccumulationTrainer.use_ema=True",
-        "AccumulationTrainer.one_batch=True",
-        f"train.train_steps={steps}",
-        f"train.eval_every_n_steps={steps}",
-        f"train.checkpoint_every_n_steps={steps}",
-    )
-    cmd = (
-        launch_cmd(["--evaluator"], task_args)
-        if evaluated_by == "evaluator"
-        else train_cmd(*task_args)
-    )
-    result = clusterlib.run(cmd, env=env(trainer_dir), timeout=300)
-    assert result.returncode == 0, result.stdout[-6000:]
+    steps = EMA_STEPS
+    if evaluated_by == "chief":
+        model_dir, evaluated_at = request.getfixturevalue("ema_whole"), [10, steps]
+    else:
+        model_dir, evaluated_at = str(tmp_path / "m"), [steps]
+        task_args = args(
+            model_dir,
+            "one_device",
+            "AccumulationTrainer.use_ema=True",
+            "AccumulationTrainer.one_batch=True",
+            f"train.train_steps={steps}",
+            f"train.eval_every_n_steps={steps}",
+            f"train.checkpoint_every_n_steps={steps}",
+        )
+        result = clusterlib.run(
+            launch_cmd(["--evaluator"], task_args), env=env(trainer_dir), timeout=300
+        )
+        assert result.returncode == 0, result.stdout[-6000:]
     reader = tf.train.load_checkpoint(model_dir)
     shapes = reader.get_variable_to_shape_map()
 
@@ -318,8 +341,10 @@ def test_evaluations_inline_and_by_the_side_car_use_the_averages(
     raw = eval_loss_of(listed("optimizer/_trainable_variables/"))
     assert abs(averaged - raw) > 1e-3 * raw, (averaged, raw)  # the two are told apart
     evals = [r for r in clusterlib.read_records(model_dir) if r["kind"] == "eval"]
-    assert [(r["step"], r["evaluated_by"]) for r in evals] == [(steps, evaluated_by)], evals
-    assert evals[0]["eval_loss"] == pytest.approx(averaged, rel=1e-4), (evals[0], raw)
+    assert [(r["step"], r["evaluated_by"]) for r in evals] == [
+        (step, evaluated_by) for step in evaluated_at
+    ], evals
+    assert evals[-1]["eval_loss"] == pytest.approx(averaged, rel=1e-4), (evals[-1], raw)
 
 
 @pytest.mark.cluster
