@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -496,6 +497,11 @@ def two_ps_run(tmp_path_factory):
 @pytest.mark.cluster
 def test_parameter_server_two_ps_balanced_sparse_and_learns(two_ps_run):
     model_dir, result, reports = two_ps_run
+    # Saved in the background by default (train.async_checkpoint): the ps copy their own parts.
+    assert re.search(
+        r"saved checkpoint \S+/ckpt-\d+ in [\d.]+s in the background \(training waited",
+        result.stdout,
+    ), result.stdout[-5000:]
     placement = reports["placement.json"]
     ps_bytes = {t: b for t, b in placement["bytes_per_task"].items() if "/job:ps/" in t}
     assert sorted(ps_bytes) == ["/job:ps/replica:0/task:0", "/job:ps/replica:0/task:1"], placement[
@@ -589,6 +595,11 @@ def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
         model_dir, 3, f"train.train_steps={FIRST_STEPS + MORE_STEPS}", "train.log_every_n_steps=20"
     )
     assert f"(step {FIRST_STEPS})" in result.stdout and "restored" in result.stdout
+    # The tables (6, and SparseAdagrad's 6 slot tables) apart from the rest of the checkpoint,
+    # in chunks, each ps reading its own rows.
+    assert re.search(r"restored 12 sharded table\(s\), [\d.]+ MiB, in chunks", result.stdout), (
+        result.stdout[-5000:]
+    )
     placement = _read_json(model_dir, "placement.json")
     ps_tasks = {t for t in placement["bytes_per_task"] if "/job:ps/" in t}
     assert len(ps_tasks) == 3, placement["bytes_per_task"]

@@ -1,5 +1,6 @@
-"""The background writer (`train.async_checkpoint`), in process: a save holds the state of its
-step while training goes on, and writes the same checkpoint a synchronous save writes.
+"""Tables at their size, in process. The background writer (`train.async_checkpoint`): a save
+holds the state of its step while training goes on, and writes the same checkpoint a
+synchronous save writes. A restart: tables start as zeros and are restored in chunks.
 
 The model carries every kind of object a checkpoint saves differently: Keras variables and an
 Adagrad optimizer's slots, a `ShardedEmbedding` (saved as slices of one logical table), a
@@ -12,11 +13,15 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfdist_trainer import sharding
+from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.plan.cluster import ClusterConfig
+from tfdist_trainer.runtime import checkpoints
 from tfdist_trainer.runtime.checkpoints import Checkpointer
+from tfdist_trainer.sharding import table_restore
 
 BATCHES = [
     (
@@ -133,3 +138,75 @@ def test_a_second_save_waits_for_the_first_and_each_is_listed_whole(tmp_path):
         assert int(contents(prefix)["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == int(
             prefix.rsplit("-", 1)[-1]
         )
+
+
+# -- a restart reads its tables in chunks, never initialising them first ----------------------
+
+
+def table_model(num_shards: int, partition_strategy: str, seed: int) -> tuple[keras.Model, list]:
+    ids = keras.Input((1,), dtype="int64")
+    layer = sharding.ShardedEmbedding(
+        50,
+        3,
+        num_shards=num_shards,
+        partition_strategy=partition_strategy,
+        embeddings_initializer=keras.initializers.RandomUniform(seed=seed),
+        name="table",
+    )
+    return keras.Model(ids, layer(ids)), layer.shards
+
+
+def logical_rows(model: keras.Model) -> np.ndarray:
+    return model(np.arange(50)[:, None]).numpy()[:, 0]
+
+
+@pytest.mark.parametrize(
+    "saved, restored",
+    [((2, "div"), (3, "div")), ((2, "div"), (3, "mod")), ((3, "mod"), (2, "div"))],
+)
+def test_a_restore_reads_each_table_in_chunks_into_any_layout(
+    tmp_path, monkeypatch, saved, restored
+):
+    monkeypatch.setattr(table_restore, "CHUNK_BYTES", 7 * 3 * 4)  # 7 rows a chunk: 8 chunks
+    model, _ = table_model(*saved, seed=1)
+    step = tf.Variable(30, dtype=tf.int64)
+    writer = checkpointer(
+        str(tmp_path), tf.train.Checkpoint(model=model, global_step=step), step, background=False
+    )
+    writer.save(30)
+
+    assert checkpoints.resumes(str(tmp_path))
+    with table_restore.restore_follows():
+        fresh, shards = table_model(*restored, seed=2)
+    assert all(not shard.numpy().any() for shard in shards)  # zeros: no random draw first
+    fresh_step = tf.Variable(0, dtype=tf.int64)
+    reader = checkpointer(
+        str(tmp_path),
+        tf.train.Checkpoint(model=fresh, global_step=fresh_step),
+        fresh_step,
+        background=False,
+    )
+    assert reader.restore() == 30
+    np.testing.assert_array_equal(logical_rows(fresh), logical_rows(model))
+
+
+def test_a_table_saved_with_another_vocabulary_is_a_model_mismatch(tmp_path):
+    model, _ = table_model(2, "div", seed=1)
+    step = tf.Variable(5, dtype=tf.int64)
+    checkpointer(
+        str(tmp_path), tf.train.Checkpoint(model=model, global_step=step), step, background=False
+    ).save(5)
+    ids = keras.Input((1,), dtype="int64")
+    other = keras.Model(ids, sharding.ShardedEmbedding(60, 3, num_shards=2, name="table")(ids))
+    fresh_step = tf.Variable(0, dtype=tf.int64)
+    reader = checkpointer(
+        str(tmp_path),
+        tf.train.Checkpoint(model=other, global_step=fresh_step),
+        fresh_step,
+        background=False,
+    )
+    with pytest.raises(ConfigError) as raised:
+        reader.restore()
+    message = str(raised.value)
+    compact = message.replace(" ", "")
+    assert "\n" not in message and "[50,3]" in compact and "[60,3]" in compact, message

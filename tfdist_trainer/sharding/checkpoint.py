@@ -38,6 +38,14 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
         self._dim = dim
         self.checkpoint_dtype = dtype
         self._name = name
+        #: While True, a restore reads only the table's first row and assigns nothing: the table
+        #: is restored apart, in chunks (`table_restore`), after the rest of the checkpoint.
+        self.restored_apart = False
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The logical table's [vocab, dim]."""
+        return self._layout.vocab, self._dim
 
     def slice_spec(self, start: int, rows: int) -> str:
         return tf.Variable.SaveSliceInfo(
@@ -61,7 +69,53 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
 
     def checkpoint_slices(self) -> list[tuple[str, Any]]:
         """(slice spec, device) of each saved slice, in save order."""
+        if self.restored_apart:  # the restore learns the key (checkpoint_name) and reads one row
+            return [(self.slice_spec(0, 1), self._variables_fn()[0].device)]
         return [(self.slice_spec(start, rows), device) for start, rows, device in self.slices()]
+
+    def restore_rows(self, prefix: str, first: int, rows: int) -> None:
+        """Restores logical rows [first, first + rows) from checkpoint `prefix` (key
+        `checkpoint_name`), each shard's part read on that shard's device: a ps reads its own
+        rows from storage, and holds no more than them at once."""
+        variables = self._variables_fn()
+        layout = self._layout
+        end = first + rows
+        if layout.partition_strategy == "div":
+            for i, variable in enumerate(variables):
+                start, stop = (
+                    max(first, layout.offset(i)),
+                    min(end, layout.offset(i) + layout.rows(i)),
+                )
+                if start < stop:
+                    with tf.device(variable.device):
+                        local = start - layout.offset(i)
+                        # scatter_update: in place on any variable (a ps-placed wrapper too).
+                        variable.scatter_update(
+                            tf.IndexedSlices(
+                                self._read_rows(prefix, start, stop - start),
+                                tf.range(local, local + stop - start, dtype=tf.int64),
+                            )
+                        )
+            return
+        with tf.device(variables[0].device):
+            tensor = self._read_rows(prefix, first, rows)
+        n = layout.num_shards
+        for shard, offset, local, count in self._mod_pieces(first, end):
+            variable = variables[shard]
+            with tf.device(variable.device):
+                variable.scatter_update(
+                    tf.IndexedSlices(
+                        tensor[offset::n], tf.range(local, local + count, dtype=tf.int64)
+                    )
+                )
+
+    def _read_rows(self, prefix: str, first: int, rows: int) -> tf.Tensor:
+        return tf.raw_ops.RestoreV2(
+            prefix=prefix,
+            tensor_names=[self.checkpoint_name],
+            shape_and_slices=[self.slice_spec(first, rows)],
+            dtypes=[self.checkpoint_dtype],
+        )[0]
 
     def _mod_pieces(self, start: int, end: int):
         """For logical rows [start, end) in "mod" layout: (shard, offset in block, first local row, count)."""
@@ -88,6 +142,8 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
             return tf.dynamic_stitch(positions, parts)
 
     def restore_slices(self, tensors: Sequence[tf.Tensor]) -> tf.Operation:
+        if self.restored_apart:
+            return tf.no_op()
         variables = self._variables_fn()
         ops = []
         for index, ((start, rows, _), tensor) in enumerate(zip(self.slices(), tensors)):

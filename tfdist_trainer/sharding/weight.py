@@ -30,6 +30,7 @@ from tfdist_trainer.sharding.shard_placement import (
     placement_ledger,
     ps_devices,
 )
+from tfdist_trainer.sharding.table_restore import tables_start_as_zeros
 
 
 def shard_initializer(initializer: Any, shard: int) -> Any:
@@ -88,7 +89,10 @@ class ShardedWeight:
                 variable = layer.add_weight(
                     name=f"{name}_shard_{i}",
                     shape=(layout.rows(i), dim),
-                    initializer=shard_initializer(initializer, i),
+                    # Resuming: zeros (a fill) instead of random rows a restore overwrites next.
+                    initializer=(
+                        "zeros" if tables_start_as_zeros() else shard_initializer(initializer, i)
+                    ),
                     dtype=dtype,
                     trainable=trainable,
                 )

@@ -50,6 +50,8 @@ def sliced_tensor_trackable() -> type:
     `SaveSliceInfo` spec, the device to read it on)], in save order),
     `read_slice(index)` (the slice's tensor) and `restore_slices(tensors)`
     (assigns the slices a restore read, in the same order; returns an op).
+    Each save or restore sets `checkpoint_name`, the tensor's key in that
+    checkpoint (what a reader of the file by key asks for).
 
     Reaches `Trackable._gather_saveables_for_checkpoint` and a
     `SaveableObject` of one `SaveSpec` per slice (`saveable_classes`), as TF's
@@ -63,6 +65,7 @@ def sliced_tensor_trackable() -> type:
     class SlicedTensorSaveable(saveable_object):
         def __init__(self, owner, name: str):
             self._owner = owner
+            owner.checkpoint_name = name
             specs = [
                 save_spec(
                     (lambda index=index: owner.read_slice(index)),
@@ -82,6 +85,8 @@ def sliced_tensor_trackable() -> type:
     class SlicedTensorTrackable(trackable):
         checkpoint_key = "tensor"
         checkpoint_dtype: Any = None
+        #: The tensor's full key in the last checkpoint saved or restored (set by the saveable).
+        checkpoint_name: str | None = None
 
         def _gather_saveables_for_checkpoint(self):
             return {self.checkpoint_key: lambda name: SlicedTensorSaveable(self, name)}

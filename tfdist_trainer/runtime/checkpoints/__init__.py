@@ -27,6 +27,7 @@ from tfdist_trainer.runtime.checkpoints.listing import (
     listed_newest_first,
 )
 from tfdist_trainer.runtime.checkpoints.pins import PIN_FILE, pin, pinned, unpin
+from tfdist_trainer.runtime.checkpoints.restore import resumes
 
 __all__ = [
     "PEER_DIRECTORY_PREFIX",
@@ -38,6 +39,7 @@ __all__ = [
     "model_mismatch",
     "pin",
     "pinned",
+    "resumes",
     "step_of",
     "unpin",
     "unreadable_reason",

@@ -27,6 +27,7 @@ from tfdist_trainer.runtime.checkpoints.listing import (
     listed_newest_first,
     write_checkpoint_list,
 )
+from tfdist_trainer.sharding import table_restore
 
 
 def restore(
@@ -64,6 +65,16 @@ def restore(
     return step
 
 
+def resumes(model_dir: str) -> bool:
+    """Whether a task of model_dir restores a checkpoint (or ends, when none reads): what
+    `restore` finds, before the model is built."""
+    if listed_newest_first(model_dir):
+        return True
+    return storage.exists(storage.join(model_dir, "checkpoint")) and bool(
+        found_newest_first(model_dir)
+    )
+
+
 def _found_when_unlisted(where: Location) -> list[str]:
     """The checkpoints on disk, newest first, when a ``checkpoint`` file exists but cannot be
     read (torn or empty: TF would then start again from step 0, saying only a warning). The
@@ -95,9 +106,17 @@ def _read(checkpoint: tf.train.Checkpoint, prefix: str) -> str | None:
     if not storage.exists(f"{prefix}.index"):
         return "its .index file is missing"
     try:
-        checkpoint.restore(prefix).assert_existing_objects_matched()
+        # The sharded tables in chunks after the rest: a ps never holds its tables twice.
+        with table_restore.restored_apart(checkpoint) as restore_tables:
+            checkpoint.restore(prefix).assert_existing_objects_matched()
+            restore_tables(prefix)
     except AssertionError as e:
         raise model_mismatch(prefix, e, "this model") from None
+    except tf.errors.InvalidArgumentError as e:
+        if "does not match the shape stored in checkpoint" not in str(e):
+            raise
+        # A table of another size: the model's, not the files' fault.
+        raise model_mismatch(prefix, AssertionError(one_line(e)), "this model") from None
     except (IndexError, tf.errors.OpError) as e:
         reason = unreadable_reason(e)
         if reason is None:

@@ -17,12 +17,13 @@ from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.hooks import Hook
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
-from tfdist_trainer.runtime import apply_warm_start, loops, statistics, strategies
+from tfdist_trainer.runtime import apply_warm_start, checkpoints, loops, statistics, strategies
 from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.state import build_state, log_placement
 from tfdist_trainer.runtime.strategies import StrategyRuntime
 from tfdist_trainer.runtime.train import task_hooks
 from tfdist_trainer.runtime.train.run_context import RunContext
+from tfdist_trainer.sharding import table_restore
 
 
 @dataclasses.dataclass
@@ -86,7 +87,9 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
     runtime = start_runtime(experiment, cluster, model_dir)
     trainer = experiment.trainer_cls()
     trainer.context = runtime.context
-    global_step, checkpoint = build_state(trainer, runtime.strategy, runtime=runtime)
+    # Resuming: the tables start as zeros, not random rows that the restore overwrites next.
+    with table_restore.restore_follows(checkpoints.resumes(model_dir)):
+        global_step, checkpoint = build_state(trainer, runtime.strategy, runtime=runtime)
     checkpointer = Checkpointer(
         model_dir=model_dir,
         cluster=cluster,
