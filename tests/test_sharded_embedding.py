@@ -127,7 +127,7 @@ def _train_step(model, optimizer, ids):
 def test_checkpoint_reshards_exactly(tmp_path, monkeypatch, optimizer_cls, before, after):
     """2 -> 3 shards (and div <-> mod): the restored table, optimizer slots and next step are identical."""
     # "mod" tables save in several slices
-    monkeypatch.setattr(sharding.checkpoint, "_CHECKPOINT_SLICE_BYTES", 5 * 3 * 4)
+    monkeypatch.setattr(sharding.checkpoint, "CHECKPOINT_SLICE_BYTES", 5 * 3 * 4)
     ids = tf.constant([[1, 2], [36, 1], [7, 20], [2, 2]], tf.int64)
     model, optimizer = _click_model(*before, optimizer_cls)
     for _ in range(3):
@@ -596,10 +596,10 @@ def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
     )
     assert f"(step {FIRST_STEPS})" in result.stdout and "restored" in result.stdout
     # The tables (6, and SparseAdagrad's 6 slot tables) apart from the rest of the checkpoint,
-    # in chunks, each ps reading its own rows.
-    assert re.search(r"restored 12 sharded table\(s\), [\d.]+ MiB, in chunks", result.stdout), (
-        result.stdout[-5000:]
-    )
+    # a slice at a time, each ps reading its own rows.
+    assert re.search(
+        r"restored 12 sharded table\(s\), [\d.]+ MiB, a slice at a time", result.stdout
+    ), result.stdout[-5000:]
     placement = _read_json(model_dir, "placement.json")
     ps_tasks = {t for t in placement["bytes_per_task"] if "/job:ps/" in t}
     assert len(ps_tasks) == 3, placement["bytes_per_task"]

@@ -19,8 +19,8 @@ MODEL = "keras_rs_dlrm"
 TABLES = 6  # KerasRsDlrmTrainer.vocab_sizes in configs/zoo/keras_rs_dlrm.gin
 # parameter_server has its own test below, with 2 ps. Under model_parallel each table is one shard
 # (num_shards None outside parameter_server) that the 'auto' plan places whole on a device.
-# mirrored at 10 and multi_worker_mirrored at 'auto': wide_deep, whose tables meet them too
-# (tests/zoo.py, RUNS).
+# multi_worker_mirrored: no step reads a keras-rs table whole (a plain Keras table would be). mirrored
+# at 10: wide_deep, whose tables meet it too (tests/zoo.py, RUNS).
 NOT_PS = zoo.strategies(MODEL, but=["parameter_server"])
 TABLE_SHARD = re.compile(r"^embedding/(table_\d+)/embeddings_shard_\d+$")
 

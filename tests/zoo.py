@@ -60,7 +60,8 @@ RUNS = {
     "wide_deep": ("mirrored", "multi_worker_mirrored", "parameter_server", "model_parallel"),
     "keras_hub_gpt2": ("mirrored", "multi_worker_mirrored", "parameter_server", "model_parallel"),
     "keras_hub_bert": ("parameter_server", "model_parallel"),
-    "keras_rs_dlrm": ("one_device", "parameter_server", "model_parallel"),
+    # multi_worker_mirrored: the keras-rs bridge where a plain table would be read whole each step.
+    "keras_rs_dlrm": ("one_device", "multi_worker_mirrored", "parameter_server", "model_parallel"),
 }
 
 

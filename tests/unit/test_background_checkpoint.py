@@ -1,6 +1,6 @@
 """Tables at their size, in process. The background writer (`train.async_checkpoint`): a save
 holds the state of its step while training goes on, and writes the same checkpoint a
-synchronous save writes. A restart: tables start as zeros and are restored in chunks.
+synchronous save writes. A restart: tables start as zeros and are restored a slice at a time.
 
 The model carries every kind of object a checkpoint saves differently: Keras variables and an
 Adagrad optimizer's slots, a `ShardedEmbedding` (saved as slices of one logical table), a
@@ -21,6 +21,7 @@ from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.runtime import checkpoints
 from tfdist_trainer.runtime.checkpoints import Checkpointer
+from tfdist_trainer.sharding import checkpoint as sharding_checkpoint
 from tfdist_trainer.sharding import table_restore
 
 BATCHES = [
@@ -164,10 +165,11 @@ def logical_rows(model: keras.Model) -> np.ndarray:
     "saved, restored",
     [((2, "div"), (3, "div")), ((2, "div"), (3, "mod")), ((3, "mod"), (2, "div"))],
 )
-def test_a_restore_reads_each_table_in_chunks_into_any_layout(
+def test_a_restore_reads_each_table_a_slice_at_a_time_into_any_layout(
     tmp_path, monkeypatch, saved, restored
 ):
-    monkeypatch.setattr(table_restore, "CHUNK_BYTES", 7 * 3 * 4)  # 7 rows a chunk: 8 chunks
+    # "mod" saves and restores slices of 7 rows (8 slices); "div" a shard at a time.
+    monkeypatch.setattr(sharding_checkpoint, "CHECKPOINT_SLICE_BYTES", 7 * 3 * 4)
     model, _ = table_model(*saved, seed=1)
     step = tf.Variable(30, dtype=tf.int64)
     writer = checkpointer(

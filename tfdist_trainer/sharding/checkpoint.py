@@ -15,7 +15,7 @@ from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding.layout import ShardLayout
 
 #: Bytes per checkpoint slice when a table is saved in "mod" layout (bounded memory per slice).
-_CHECKPOINT_SLICE_BYTES = 64 << 20
+CHECKPOINT_SLICE_BYTES = 64 << 20
 
 
 class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
@@ -39,7 +39,7 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
         self.checkpoint_dtype = dtype
         self._name = name
         #: While True, a restore reads only the table's first row and assigns nothing: the table
-        #: is restored apart, in chunks (`table_restore`), after the rest of the checkpoint.
+        #: is restored apart, a slice at a time (`table_restore`), after the rest of the checkpoint.
         self.restored_apart = False
 
     @property
@@ -61,7 +61,7 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
         layout = self._layout
         if layout.partition_strategy == "div":
             return [(layout.offset(i), layout.rows(i), v.device) for i, v in enumerate(variables)]
-        step = max(1, _CHECKPOINT_SLICE_BYTES // max(1, self._dim * self.checkpoint_dtype.size))
+        step = max(1, CHECKPOINT_SLICE_BYTES // max(1, self._dim * self.checkpoint_dtype.size))
         return [
             (s, min(layout.vocab, s + step) - s, variables[(s // step) % len(variables)].device)
             for s in range(0, layout.vocab, step)
@@ -89,6 +89,7 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
                 if start < stop:
                     with tf.device(variable.device):
                         local = start - layout.offset(i)
+                        _finished(variable)  # one slice in memory at a time: the last one is done
                         # scatter_update: in place on any variable (a ps-placed wrapper too).
                         variable.scatter_update(
                             tf.IndexedSlices(
@@ -97,6 +98,8 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
                             )
                         )
             return
+        for variable in variables:
+            _finished(variable)
         with tf.device(variables[0].device):
             tensor = self._read_rows(prefix, first, rows)
         n = layout.num_shards
@@ -163,3 +166,11 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
                         )
                     )
         return tf.group(ops)
+
+
+def _finished(variable: Any) -> None:
+    """Returns once every update sent to `variable` is done. Eager ops on another task are
+    dispatched without waiting, so a loop of slice restores would otherwise have several slices
+    in a ps's memory at once; a one-element read, brought here, waits for them."""
+    with tf.device(variable.device):
+        tf.gather(tf.reshape(variable[:1], [-1]), [0]).numpy()

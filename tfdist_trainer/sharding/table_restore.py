@@ -12,9 +12,12 @@ its tables twice (4.5 GB peak for 2.6 GB steady).
   either succeeds or ends the task, so the zeros are never trained on).
 * `restored_apart(checkpoint)`: inside it, a restore of `checkpoint` reads one
   row of each sharded table (learning its key); the function it yields then
-  restores each table in chunks of `CHUNK_BYTES` of logical rows, each shard's
-  rows read on that shard's device (a ps reads its own rows from storage) and
-  assigned in place. A ps's peak stays its tables plus one chunk.
+  restores each table a slice at a time, the slices its layout saves (a shard
+  each for "div"), each read on its shard's device (a ps reads its own rows
+  from storage) and assigned in place. A ps's peak stays its tables plus one
+  slice. Slices aligned with the saved ones matter: TF reads a whole saved slice
+  for any part of it (64 MiB chunks of 290 MiB saved shards read the 1B
+  model's tables 4.5 times over: 131 MiB/s against the disk's 959).
 """
 
 from __future__ import annotations
@@ -27,9 +30,6 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
-
-#: Logical rows of a table read and assigned at once (per chunk: at most this many bytes).
-CHUNK_BYTES = 64 << 20
 
 _restore_follows = [False]
 
@@ -52,7 +52,7 @@ def tables_start_as_zeros() -> bool:
 @contextlib.contextmanager
 def restored_apart(checkpoint: tf.train.Checkpoint) -> Iterator[Callable[[str], None]]:
     """Inside, a restore of `checkpoint` leaves its sharded tables alone; call the yielded
-    function with the restored prefix, after that restore, to restore them in chunks.
+    function with the restored prefix, after that restore, to restore them a slice at a time.
 
     A table the checkpoint holds under another shape raises AssertionError, as a model
     mismatch does in TF's own restore.
@@ -76,7 +76,7 @@ def _restore_in_chunks(tables: list[LogicalTableCheckpoint], prefix: str) -> Non
         return
     started = time.monotonic()
     shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-    total = 0
+    total = largest = 0
     for table in tables:
         vocab, dim = table.shape
         saved = shapes.get(table.checkpoint_name)
@@ -84,16 +84,19 @@ def _restore_in_chunks(tables: list[LogicalTableCheckpoint], prefix: str) -> Non
             raise AssertionError(
                 f"{table.checkpoint_name} is saved as {saved}; this model's table is [{vocab}, {dim}]"
             )
-        rows = max(1, CHUNK_BYTES // (dim * table.checkpoint_dtype.size))
-        for first in range(0, vocab, rows):
-            table.restore_rows(prefix, first, min(rows, vocab - first))
+        # The slices this layout saves ("div": a shard each; "mod": CHECKPOINT_SLICE_BYTES): a
+        # checkpoint of the same layout is read one saved slice at a time, each read once.
+        for first, rows, _ in table.slices():
+            table.restore_rows(prefix, first, rows)
+            largest = max(largest, rows * dim * table.checkpoint_dtype.size)
         total += vocab * dim * table.checkpoint_dtype.size
     seconds = time.monotonic() - started
     logging.info(
-        "restored %d sharded table(s), %.1f MiB, in chunks of at most %.0f MiB in %.2fs (%.0f MiB/s)",
+        "restored %d sharded table(s), %.1f MiB, a slice at a time (at most %.1f MiB) in %.2fs "
+        "(%.0f MiB/s)",
         len(tables),
         total / 2**20,
-        CHUNK_BYTES / 2**20,
+        largest / 2**20,
         seconds,
         total / 2**20 / max(seconds, 1e-9),
     )

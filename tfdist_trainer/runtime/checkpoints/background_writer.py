@@ -32,7 +32,7 @@ class BackgroundWriter(SyncWriter):
 
     def __init__(self, checkpoint: tf.train.Checkpoint, *args, **kwargs):
         super().__init__(checkpoint, *args, **kwargs)
-        self._snapshot = Snapshot(checkpoint)
+        self._snapshot: Snapshot | None = None
         # A new thread starts without the main thread's device scope: its ops would go to
         # /job:localhost instead of this task's CPU (`tf.constant` lands on the default device).
         self._device = tf.constant(0).device
@@ -46,6 +46,7 @@ class BackgroundWriter(SyncWriter):
         if step in (self.last_saved_step, self._pending_step):
             return
         self.wait()
+        self.ready()
         started = time.monotonic()
         self._snapshot.take()
         copied_s = time.monotonic() - started
@@ -57,6 +58,12 @@ class BackgroundWriter(SyncWriter):
             daemon=True,
         )
         self._thread.start()
+
+    def ready(self) -> None:
+        """Makes the copies (a second copy of the state, on its devices): after a restore, not
+        before, so that a restart reads its tables without the copies in its way."""
+        if self._snapshot is None:
+            self._snapshot = Snapshot(self._checkpoint)
 
     def wait(self) -> None:
         """Returns once the pending save is durable; raises its error (`Checkpointer.wait`)."""

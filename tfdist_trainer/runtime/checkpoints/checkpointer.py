@@ -72,6 +72,7 @@ class Checkpointer:
         step = restoring.restore(self._checkpoint, self.global_step, self._where)
         if step is not None:
             self._writer.last_saved_step = step
+        self._writer.ready()
         return step
 
     @property

@@ -106,7 +106,7 @@ def _read(checkpoint: tf.train.Checkpoint, prefix: str) -> str | None:
     if not storage.exists(f"{prefix}.index"):
         return "its .index file is missing"
     try:
-        # The sharded tables in chunks after the rest: a ps never holds its tables twice.
+        # The sharded tables after the rest, a slice at a time: a ps never holds its tables twice.
         with table_restore.restored_apart(checkpoint) as restore_tables:
             checkpoint.restore(prefix).assert_existing_objects_matched()
             restore_tables(prefix)

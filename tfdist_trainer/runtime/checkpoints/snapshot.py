@@ -53,6 +53,8 @@ class Snapshot:
             stand_ins[trackable] = given_tensors(reads)
         tf_compat.save_stand_ins(checkpoint, stand_ins)
         self._refresh = tf.function(self._assign_all, autograph=False)
+        # Traced now, at start-up: the first save would otherwise hold training for the trace.
+        self._refresh.get_concrete_function()
 
     @property
     def num_tensors(self) -> int:

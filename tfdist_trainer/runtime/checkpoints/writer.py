@@ -94,6 +94,9 @@ class SyncWriter:
                 error.args = (f"{error}; {kept}",)
             raise error from None
 
+    def ready(self) -> None:
+        """Called once the state is restored (or fresh), before the first save: nothing to do."""
+
     def wait(self) -> None:
         """Every save returned durable: nothing is pending (`Checkpointer.wait`)."""
 
