@@ -15,8 +15,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from tfdist_trainer import sharding
+from tfdist_trainer import sharding, tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.runtime import checkpoints
@@ -81,6 +82,22 @@ def contents(prefix: str) -> dict[str, np.ndarray]:
     }
 
 
+def object_graph(prefix) -> list:
+    """Per node of a checkpoint's object graph: its children, and each attribute's name, key and
+    whether it records a variable's own name."""
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(
+        tf.train.load_checkpoint(str(prefix)).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    )
+    return [
+        (
+            [(c.node_id, c.local_name) for c in node.children],
+            [(a.name, a.checkpoint_key, bool(a.full_name)) for a in node.attributes],
+        )
+        for node in graph.nodes
+    ]
+
+
 def test_a_background_save_holds_its_step_while_training_goes_on(tmp_path):
     checkpoint, global_step, step = trained_state(steps=6)
     writer = checkpointer(str(tmp_path / "bg"), checkpoint, global_step, background=True)
@@ -102,6 +119,11 @@ def test_a_background_save_holds_its_step_while_training_goes_on(tmp_path):
     for name, value in saved_in_sync.items():
         np.testing.assert_array_equal(saved_in_background[name], value, err_msg=name)
     assert int(saved_in_background["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 6
+    # The object graph too, each variable's own name recorded (what warm start matches by;
+    # the reference model, built second in this process, has Keras' "_1" names).
+    assert object_graph(tmp_path / "bg" / "ckpt-6") == object_graph(tmp_path / "sync" / "ckpt-6")
+    names = tf_compat.checkpoint_variable_names(str(tmp_path / "bg" / "ckpt-6"), child="model")
+    assert "out/kernel" in names.values(), names
 
 
 def test_a_background_checkpoint_restores_and_trains_on_as_the_synchronous_one(tmp_path):

@@ -16,6 +16,7 @@ starts nothing (model-parallel plans are checked before TF starts).
 from tfdist_trainer.tf_compat.checkpoint_copies import (
     identity_dict,
     save_stand_ins,
+    saved_full_name,
     saved_tensors,
     saved_value,
     tensors_trackable,
@@ -94,6 +95,7 @@ __all__ = [
     "replace_gradient_all_reduce",
     "save_stand_ins",
     "saveable_classes",
+    "saved_full_name",
     "saved_tensors",
     "saved_value",
     "sliced_tensor_trackable",

@@ -63,8 +63,9 @@ def saved_value(value: Any) -> tuple[Any, str | None]:
 
 @functools.cache
 def tensors_trackable() -> type:
-    """A Trackable class saving given tensors: ``cls(tensors)`` with {local name: callable or
-    {slice spec: callable}}, each callable returning the tensor to write.
+    """A Trackable class saving given tensors: ``cls(tensors, full_name)`` with {local name:
+    callable or {slice spec: callable}}, each callable returning the tensor to write, and the
+    name the checkpoint records for a variable (`saved_full_name` of the original).
 
     A checkpoint asks an object for its tensors through
     `Trackable._serialize_to_tensors`; TF has no public class that answers it
@@ -73,8 +74,14 @@ def tensors_trackable() -> type:
     import tensorflow as tf
 
     class SavesGivenTensors(tf.__internal__.tracking.Trackable):
-        def __init__(self, tensors: dict[str, Any]):
+        def __init__(self, tensors: dict[str, Any], full_name: str = ""):
             self._tensors = tensors
+            if full_name:
+                # A checkpoint records a variable's own name beside its key (what warm start
+                # matches by) only for an object that acts as a resource variable.
+                self._should_act_as_resource_variable = True
+                self._shared_name = full_name
+                self._save_slice_info = None
 
         def _serialize_to_tensors(self):
             return {
@@ -87,6 +94,14 @@ def tensors_trackable() -> type:
             }
 
     return SavesGivenTensors
+
+
+def saved_full_name(trackable: Any) -> str:
+    """The variable's own name a checkpoint records beside `trackable`'s key ("" for an object
+    that is not a variable): TF's `checkpoint.util.get_full_name`, which has no public form."""
+    from tensorflow.python.checkpoint import util
+
+    return util.get_full_name(trackable)
 
 
 def save_stand_ins(checkpoint: Any, stand_ins: dict[Any, Any]) -> None:

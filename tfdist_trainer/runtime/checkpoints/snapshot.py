@@ -50,7 +50,7 @@ class Snapshot:
                     }
                 else:
                     reads[key] = self._copy(trackable, key, None, value)
-            stand_ins[trackable] = given_tensors(reads)
+            stand_ins[trackable] = given_tensors(reads, tf_compat.saved_full_name(trackable))
         tf_compat.save_stand_ins(checkpoint, stand_ins)
         self._refresh = tf.function(self._assign_all, autograph=False)
         # Traced now, at start-up: the first save would otherwise hold training for the trace.
