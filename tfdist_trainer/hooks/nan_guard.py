@@ -28,6 +28,7 @@ class NanGuard(Hook):
         if result.first_nonfinite_step is None and math.isfinite(result.loss):
             return
         step = result.first_nonfinite_step or run.step
+        run.wait_for_checkpoints()  # a save in flight is the newest one to go back to
         restored = run.checkpointer.latest_step()
         if self.retries < self.max_retries and restored is not None:
             self.retries += 1

@@ -69,6 +69,7 @@ class Checkpointer:
     def restore(self) -> int | None:
         """Restores the chief's newest readable checkpoint; returns its step, or None when fresh
         (`restore.restore`: damaged newer ones are skipped, and the chief sets them aside)."""
+        self._writer.wait()  # a save in flight (NanGuard restores mid-run) is listed first
         step = restoring.restore(self._checkpoint, self.global_step, self._where)
         if step is not None:
             self._writer.last_saved_step = step
@@ -81,7 +82,8 @@ class Checkpointer:
         return self._writer.write_traced
 
     def latest_step(self) -> int | None:
-        """The step of the chief's latest checkpoint, without restoring it."""
+        """The step of the chief's latest durable checkpoint, without restoring it (a save in
+        flight is not waited for: the stall save asks this of a cluster that may not answer)."""
         latest = tf.train.latest_checkpoint(self.model_dir)
         return step_of(latest) if latest else None
 
