@@ -1,17 +1,18 @@
-"""A copy of everything a checkpoint saves, taken on the device that holds it, for a background write.
+"""A copy of everything a checkpoint saves, taken where it lives, for a background write.
 
 An asynchronous save must write the state of one step while training changes
 it. `Snapshot.take()` copies every tensor the checkpoint would save into a
-copy variable on that tensor's own device: a parameter server's tables are
-copied on that ps, in its memory, by one traced function (no byte crosses the
-network, nothing passes through the chief). The checkpoint is then told to save
-the copies in place of the originals (`tf_compat.save_stand_ins`), under the
-originals' names, so a restore cannot tell.
+copy variable on the CPU of the task that holds it (a GPU's tensors in its
+host's memory): a parameter server's tables are copied on that ps, in its
+memory, by one traced function (no byte crosses the network, nothing passes
+through the chief). The checkpoint is then told to save the copies in place of
+the originals (`tf_compat.save_stand_ins`), under the originals' names, so a
+restore cannot tell.
 
-What it costs: one more copy of the checkpointed state, on the devices that
-hold it (a ps holds its tables twice), kept for the task's life so that each
-save does not allocate it again. `take()` costs a memory copy (a few GB/s), not
-a write to storage.
+What it costs: one more copy of the checkpointed state, in the memory of the
+tasks that hold it (a ps holds its tables twice), kept for the task's life so
+that each save does not allocate it again. `take()` costs a memory copy (a few
+GB/s), not a write to storage.
 
 Anything a checkpoint saves is copied the same way: variables, sharded tables
 (one copy per slice), dynamic tables (their keys and rows as the save would
@@ -67,7 +68,7 @@ class Snapshot:
     def _copy(self, trackable: Any, key: str, spec: str | None, value: Any) -> Any:
         """A copy variable of one saved tensor, on its device; returns how a save reads it."""
         tensor, device = tf_compat.saved_value(value)
-        with tf.device(device):
+        with tf.device(_host_of(device)):
             copy = tf.Variable(
                 tf.identity(tensor), shape=tf.TensorShape(None), trainable=False, name="snapshot"
             )
@@ -88,3 +89,11 @@ class Snapshot:
             tensor, _ = tf_compat.saved_value(value[spec] if spec is not None else value)
             with tf.device(copy.device):
                 copy.assign(tensor)
+
+
+def _host_of(device: str | None) -> str | None:
+    """The CPU of the task that holds `device`: a copy of a GPU's tensors goes to its host's
+    memory (the GPU's is the scarce one), a ps's stays on that ps."""
+    if not device:
+        return None
+    return tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0).to_string()
