@@ -73,44 +73,16 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
             return [(self.slice_spec(0, 1), self._variables_fn()[0].device)]
         return [(self.slice_spec(start, rows), device) for start, rows, device in self.slices()]
 
-    def restore_rows(self, prefix: str, first: int, rows: int) -> None:
-        """Restores logical rows [first, first + rows) from checkpoint `prefix` (key
-        `checkpoint_name`), each shard's part read on that shard's device: a ps reads its own
-        rows from storage, and holds no more than them at once."""
-        variables = self._variables_fn()
-        layout = self._layout
-        end = first + rows
-        if layout.partition_strategy == "div":
-            for i, variable in enumerate(variables):
-                start, stop = (
-                    max(first, layout.offset(i)),
-                    min(end, layout.offset(i) + layout.rows(i)),
-                )
-                if start < stop:
-                    with tf.device(variable.device):
-                        local = start - layout.offset(i)
-                        _finished(variable)  # one slice in memory at a time: the last one is done
-                        # scatter_update: in place on any variable (a ps-placed wrapper too).
-                        variable.scatter_update(
-                            tf.IndexedSlices(
-                                self._read_rows(prefix, start, stop - start),
-                                tf.range(local, local + stop - start, dtype=tf.int64),
-                            )
-                        )
-            return
-        for variable in variables:
+    def restore_slice(self, prefix: str, index: int) -> None:
+        """Restores saved slice `index` (`slices()`) from checkpoint `prefix` (key
+        `checkpoint_name`): read on its shard's device (a ps reads its own rows from storage),
+        assigned, and finished before this returns, so a loop over the slices holds one at a
+        time."""
+        start, rows, device = self.slices()[index]
+        with tf.device(device):
+            tensor = self._read_rows(prefix, start, rows)
+        for variable, _ in self._assign_slice(index, tensor):
             _finished(variable)
-        with tf.device(variables[0].device):
-            tensor = self._read_rows(prefix, first, rows)
-        n = layout.num_shards
-        for shard, offset, local, count in self._mod_pieces(first, end):
-            variable = variables[shard]
-            with tf.device(variable.device):
-                variable.scatter_update(
-                    tf.IndexedSlices(
-                        tensor[offset::n], tf.range(local, local + count, dtype=tf.int64)
-                    )
-                )
 
     def _read_rows(self, prefix: str, first: int, rows: int) -> tf.Tensor:
         return tf.raw_ops.RestoreV2(
@@ -147,25 +119,34 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
     def restore_slices(self, tensors: Sequence[tf.Tensor]) -> tf.Operation:
         if self.restored_apart:
             return tf.no_op()
+        return tf.group(
+            [
+                op
+                for index, tensor in enumerate(tensors)
+                for _, op in self._assign_slice(index, tensor)
+            ]
+        )
+
+    def _assign_slice(self, index: int, tensor: tf.Tensor) -> list[tuple[Any, Any]]:
+        """Assigns saved slice `index` from `tensor`: [(variable updated, its update op)]."""
         variables = self._variables_fn()
-        ops = []
-        for index, ((start, rows, _), tensor) in enumerate(zip(self.slices(), tensors)):
-            if self._layout.partition_strategy == "div":  # slice i is shard i
-                with tf.device(variables[index].device):
-                    ops.append(variables[index].assign(tensor, read_value=False))
-                continue
-            n = self._layout.num_shards
-            for shard, offset, local, count in self._mod_pieces(start, start + rows):
-                variable = variables[shard]
-                with tf.device(variable.device):
-                    ops.append(
-                        variable.scatter_update(
-                            tf.IndexedSlices(
-                                tensor[offset::n], tf.range(local, local + count, dtype=tf.int64)
-                            )
-                        )
+        if self._layout.partition_strategy == "div":  # slice i is shard i
+            variable = variables[index]
+            with tf.device(variable.device):
+                return [(variable, variable.assign(tensor, read_value=False))]
+        start, rows, _ = self.slices()[index]
+        n = self._layout.num_shards
+        updates = []
+        for shard, offset, local, count in self._mod_pieces(start, start + rows):
+            variable = variables[shard]
+            with tf.device(variable.device):
+                update = variable.scatter_update(
+                    tf.IndexedSlices(
+                        tensor[offset::n], tf.range(local, local + count, dtype=tf.int64)
                     )
-        return tf.group(ops)
+                )
+            updates.append((variable, update))
+        return updates
 
 
 def _finished(variable: Any) -> None:

@@ -86,8 +86,8 @@ def _restore_in_chunks(tables: list[LogicalTableCheckpoint], prefix: str) -> Non
             )
         # The slices this layout saves ("div": a shard each; "mod": CHECKPOINT_SLICE_BYTES): a
         # checkpoint of the same layout is read one saved slice at a time, each read once.
-        for first, rows, _ in table.slices():
-            table.restore_rows(prefix, first, rows)
+        for index, (_, rows, _) in enumerate(table.slices()):
+            table.restore_slice(prefix, index)
             largest = max(largest, rows * dim * table.checkpoint_dtype.size)
         total += vocab * dim * table.checkpoint_dtype.size
     seconds = time.monotonic() - started

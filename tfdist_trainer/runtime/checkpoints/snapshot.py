@@ -57,10 +57,6 @@ class Snapshot:
         # Traced now, at start-up: the first save would otherwise hold training for the trace.
         self._refresh.get_concrete_function()
 
-    @property
-    def num_tensors(self) -> int:
-        return len(self._pairs)
-
     def take(self) -> None:
         """Copies the state as it is now; returns once every copy is done (training may go on)."""
         self._refresh()
