@@ -179,6 +179,13 @@ def table_model(num_shards: int, partition_strategy: str, seed: int) -> tuple[ke
     return keras.Model(ids, layer(ids)), layer.shards
 
 
+def model_checkpointer(model_dir: str, model: keras.Model, *, step: int = 0) -> Checkpointer:
+    """A synchronous checkpointer of `model` and a global step at `step`."""
+    global_step = tf.Variable(step, dtype=tf.int64)
+    checkpoint = tf.train.Checkpoint(model=model, global_step=global_step)
+    return checkpointer(model_dir, checkpoint, global_step, background=False)
+
+
 def logical_rows(model: keras.Model) -> np.ndarray:
     return model(np.arange(50)[:, None]).numpy()[:, 0]
 
@@ -193,44 +200,23 @@ def test_a_restore_reads_each_table_a_slice_at_a_time_into_any_layout(
     # "mod" saves and restores slices of 7 rows (8 slices); "div" a shard at a time.
     monkeypatch.setattr(sharding_checkpoint, "CHECKPOINT_SLICE_BYTES", 7 * 3 * 4)
     model, _ = table_model(*saved, seed=1)
-    step = tf.Variable(30, dtype=tf.int64)
-    writer = checkpointer(
-        str(tmp_path), tf.train.Checkpoint(model=model, global_step=step), step, background=False
-    )
-    writer.save(30)
+    model_checkpointer(str(tmp_path), model, step=30).save(30)
 
     assert checkpoints.resumes(str(tmp_path))
     with table_restore.restore_follows():
         fresh, shards = table_model(*restored, seed=2)
     assert all(not shard.numpy().any() for shard in shards)  # zeros: no random draw first
-    fresh_step = tf.Variable(0, dtype=tf.int64)
-    reader = checkpointer(
-        str(tmp_path),
-        tf.train.Checkpoint(model=fresh, global_step=fresh_step),
-        fresh_step,
-        background=False,
-    )
-    assert reader.restore() == 30
+    assert model_checkpointer(str(tmp_path), fresh).restore() == 30
     np.testing.assert_array_equal(logical_rows(fresh), logical_rows(model))
 
 
 def test_a_table_saved_with_another_vocabulary_is_a_model_mismatch(tmp_path):
     model, _ = table_model(2, "div", seed=1)
-    step = tf.Variable(5, dtype=tf.int64)
-    checkpointer(
-        str(tmp_path), tf.train.Checkpoint(model=model, global_step=step), step, background=False
-    ).save(5)
+    model_checkpointer(str(tmp_path), model, step=5).save(5)
     ids = keras.Input((1,), dtype="int64")
     other = keras.Model(ids, sharding.ShardedEmbedding(60, 3, num_shards=2, name="table")(ids))
-    fresh_step = tf.Variable(0, dtype=tf.int64)
-    reader = checkpointer(
-        str(tmp_path),
-        tf.train.Checkpoint(model=other, global_step=fresh_step),
-        fresh_step,
-        background=False,
-    )
     with pytest.raises(ConfigError) as raised:
-        reader.restore()
+        model_checkpointer(str(tmp_path), other).restore()
     message = str(raised.value)
     compact = message.replace(" ", "")
     assert "\n" not in message and "[50,3]" in compact and "[60,3]" in compact, message
