@@ -11,11 +11,14 @@ tests/test_background_checkpoints.py.
 
 from __future__ import annotations
 
+import threading
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
+from tensorflow.python.eager.context import context as tf_compat_context
 
 from tfdist_trainer import sharding, tf_compat
 from tfdist_trainer.errors import ConfigError
@@ -161,6 +164,40 @@ def test_a_second_save_waits_for_the_first_and_each_is_listed_whole(tmp_path):
         assert int(contents(prefix)["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == int(
             prefix.rsplit("-", 1)[-1]
         )
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+def test_a_save_from_another_thread_defines_no_new_function(tmp_path, background):
+    """The parameter_server chief's stall save runs on a thread of its own, outside the strategy
+    scope the first saves ran in. A new function would be registered on every task, and with a
+    silent worker that hangs the chief for good (seen in CI: no watchdog line for 140s)."""
+    checkpoint, global_step, step = trained_state(steps=2)
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():  # where the training loop saves
+        writer = Checkpointer(
+            model_dir=str(tmp_path),
+            cluster=ClusterConfig(cluster={}),
+            checkpoint=checkpoint,
+            global_step=global_step,
+            keep=5,
+            spans_tasks=True,  # parameter_server's traced write
+            background=background,
+        )
+        writer.restore()
+        writer.save(2)
+        writer.wait()
+        known = set(tf_compat_context().list_function_names())
+
+    step(BATCHES[2])
+
+    def stall_save():
+        writer.save(3)
+        writer.wait()
+
+    saver = threading.Thread(target=stall_save)
+    saver.start()
+    saver.join()
+    assert set(tf_compat_context().list_function_names()) == known
+    assert int(contents(str(tmp_path / "ckpt-3"))["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 3
 
 
 # -- a restart reads its tables in chunks, never initialising them first ----------------------

@@ -53,9 +53,11 @@ class Snapshot:
                     reads[key] = self._copy(trackable, key, None, value)
             stand_ins[trackable] = given_tensors(reads, tf_compat.saved_full_name(trackable))
         tf_compat.save_stand_ins(checkpoint, stand_ins)
-        self._refresh = tf.function(self._assign_all, autograph=False)
         # Traced now, at start-up: the first save would otherwise hold training for the trace.
-        self._refresh.get_concrete_function()
+        # Kept as the concrete function: a tf.function called from another thread (the stall
+        # save's) traces again, since the strategy scope is per thread, and a new function is
+        # registered on every task of the cluster, which hangs when a worker is silent.
+        self._refresh = tf.function(self._assign_all, autograph=False).get_concrete_function()
 
     def take(self) -> None:
         """Copies the state as it is now; returns once every copy is done (training may go on)."""

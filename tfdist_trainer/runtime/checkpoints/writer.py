@@ -68,6 +68,7 @@ class SyncWriter:
         self._spared: str | None = None  # the pinned checkpoint last spared, to say so once
         self.last_saved_step = 0
         self._traced_write = None
+        self._write_function = None
         if spans_tasks:
             # Made now, outside the function, so that it is saved as CheckpointManager saves it
             # (a restore expects it).
@@ -164,7 +165,14 @@ class SyncWriter:
             )
             return manager.save(checkpoint_number=step)
         path = storage.join(where.directory, f"ckpt-{step}")
-        self._traced_write(tf.constant(path))
+        if self._write_function is None:
+            # Kept as the concrete function: called from another thread (the stall save's, a
+            # background write's) a tf.function traces again (the strategy scope is per
+            # thread), and registers the new function on every task, silent workers included.
+            self._write_function = self._traced_write.get_concrete_function(
+                tf.TensorSpec([], tf.string)
+            )
+        self._write_function(tf.constant(path))
         self.write_traced = True
         state = tf.train.get_checkpoint_state(where.directory)
         listed = list(state.all_model_checkpoint_paths) if state else []
