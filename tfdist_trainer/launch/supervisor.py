@@ -326,7 +326,7 @@ class LocalCluster(OutputRelay):
             time.sleep(0.2)
 
     def _terminate(self, tasks: list[LocalTask], grace_s: float) -> None:
-        live = [t for t in tasks if t.process is not None and t.process.poll() is None]
+        live = self._running(tasks)
         for task in live:
             process_group.signal_group(task.process, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -340,20 +340,30 @@ class LocalCluster(OutputRelay):
                 process_group.signal_group(task.process, signal.SIGKILL)
                 task.process.wait()
 
+    @staticmethod
+    def _running(tasks: list[LocalTask]) -> list[LocalTask]:
+        return [t for t in tasks if t.process is not None and t.process.poll() is None]
+
     def stop(self, settle_s: float = 0.0) -> None:
         """Stops the drivers first (a chief saves on SIGTERM while its ps still serve), then the servers.
 
         After a job that succeeded, the servers first get up to `settle_s` to
         exit by themselves: they exit 0 about a second after the chief writes
-        its done marker in model_dir, as they do on a real cluster.
+        its done marker in model_dir, as they do on a real cluster. The wait
+        starts again each time one of them exits: ps:0, the coordination
+        leader, exits only after the others, so on a loaded machine the last
+        exit can come well after the first.
         """
         self._terminate([t for t in self.tasks if t.drives], self.grace_s)
         servers = [t for t in self.tasks if not t.drives]
+        running = self._running(servers)
         deadline = time.monotonic() + settle_s
-        while time.monotonic() < deadline and any(
-            t.process is not None and t.process.poll() is None for t in servers
-        ):
+        while running and time.monotonic() < deadline:
             time.sleep(0.1)
+            still = self._running(servers)
+            if len(still) < len(running):
+                deadline = time.monotonic() + settle_s
+            running = still
         for task in servers:
             if (
                 task.process is not None
