@@ -163,31 +163,49 @@ def trainer_chief(spec: dict) -> dict:
 
 def run_one(args, variant: str, run_dir: str, data_path: str, tf_keras_python: str | None) -> dict:
     """A fresh cluster and one chief process for `variant`; the chief's RESULT."""
+    spec = {**vars(args), "data": data_path}
+    spec["steps_per_execution"] = args.steps_per_loop if variant == "tf_keras_fit_spe" else 1
+    chief = CHIEF_SCRIPT if variant != "trainer" else None
+    result = run_chief(args, NAME, run_dir, GIN, spec, chief, tf_keras_python)
+    return {**result, "steps_per_s": args.steps / result["timed_s"]}
+
+
+def run_chief(
+    args, name: str, run_dir: str, gin: list[str], spec: dict, tf_keras_chief: str | None, python
+) -> dict:
+    """A fresh chief + --num_workers + --num_ps cluster (the ps and workers serving as
+    `tfdist-train` serves them, `gin` their files) and one chief: `benchmarks.<name>
+    --chief=SPEC` (the Trainer's), or `tf_keras_chief` run by the tf-keras venv's `python`, with
+    nothing of this repository on its path. Returns the chief's RESULT and the cluster."""
     layout = {"chief": 1, "worker": args.num_workers, "ps": args.num_ps}
-    with _bench.LocalCluster(layout, run_dir, GIN) as tasks:
-        spec = {**vars(args), "cluster": tasks.cluster, "data": data_path, "startup_timeout_s": 180}
-        spec["steps_per_execution"] = args.steps_per_loop if variant == "tf_keras_fit_spe" else 1
+    with _bench.LocalCluster(layout, run_dir, gin) as tasks:
+        spec = {**spec, "cluster": tasks.cluster, "startup_timeout_s": 180}
         spec_path = os.path.join(run_dir, "chief_spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
         env = tasks.env("chief", 0)
-        cmd = [sys.executable, "-m", f"benchmarks.{NAME}", f"--chief={spec_path}"]
-        if variant != "trainer":  # only TensorFlow, tf_keras and numpy: not this repository
-            cmd = [tf_keras_python, CHIEF_SCRIPT, spec_path]
+        cmd = [sys.executable, "-m", f"benchmarks.{name}", f"--chief={spec_path}"]
+        if tf_keras_chief:  # only TensorFlow, tf_keras and numpy: not this repository
+            cmd = [python, tf_keras_chief, spec_path]
             env.update(PYTHONPATH="", TF_USE_LEGACY_KERAS="1")
         tasks.spawn("chief:0", cmd, env)
         result = tasks.result("chief:0", args.timeout_s)
-    return {**result, "cluster": tasks.cluster, "steps_per_s": args.steps / result["timed_s"]}
+    return {**result, "cluster": tasks.cluster}
+
+
+def open_venv(name: str, path: str) -> str:
+    """The tf-keras venv's python (made on first use); a failure is one line and exit 1."""
+    try:
+        return ensure_tf_keras_venv(path)
+    except TfKerasVenvError as e:
+        print(f"[{name}] error: the tf-keras venv: {e}", file=sys.stderr, flush=True)
+        _bench.exit_now(1)
 
 
 def run(args):
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    try:
-        tf_keras_python = ensure_tf_keras_venv(args.tf_keras_venv)
-    except TfKerasVenvError as e:
-        print(f"[{NAME}] error: the tf-keras venv: {e}", file=sys.stderr, flush=True)
-        _bench.exit_now(1)
+    tf_keras_python = open_venv(NAME, args.tf_keras_venv)
     import numpy as np
 
     data_path = os.path.join(out, f"{NAME}_data.npz")
@@ -253,7 +271,11 @@ def run(args):
 
 
 def main():
-    args = parse_args(sys.argv[1:])
+    chief_or_run(parse_args(sys.argv[1:]), trainer_chief, run)
+
+
+def chief_or_run(args, trainer_chief, run) -> None:
+    """With --chief=SPEC this process is a Trainer chief (prints its RESULT); else the parent."""
     if args.chief:
         with open(args.chief) as f:
             print("RESULT " + json.dumps(trainer_chief(json.load(f))), flush=True)

@@ -28,6 +28,7 @@ BENCHMARKS = (  # in the order they run: one process first, then the clusters
     "mnist_time_to_accuracy",  # MNIST recipe: time to 97% test accuracy, Trainer vs fit
     "model_parallel",  # model_parallel over logical devices vs one_device
     "ps_vs_tf_keras",  # parameter_server Trainer vs tf-keras 2 fit under PSS (separate venv)
+    "click_vs_tf_keras",  # the 100m click model under PSS: Trainer vs tf-keras 2 fit (same venv)
     "data_service",  # parameter_server input through the tf.data service vs static shards
     "large_tables",  # the click model's tables: each strategy's steps/s vs one_device
     "dynamic_tables",  # tables that grow vs fixed bucket-hashed tables: examples/s, AUC

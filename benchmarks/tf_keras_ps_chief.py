@@ -113,6 +113,13 @@ def main(spec_path: str) -> dict:
         "steps_counted": int(model._train_counter.numpy()),
         "expected_steps": (warm + timed) * per_epoch,
         "variable_devices": sorted({v.device for v in model.variables}),
+        **what_ran(tf, tf_keras),
+    }
+
+
+def what_ran(tf, tf_keras) -> dict:
+    """The versions, and that the chief ran tf-keras 2 alone (no keras 3, no tfdist_trainer)."""
+    return {
         "tensorflow": tf.__version__,
         "tf_keras": tf_keras.__version__,
         "keras_3_modules_imported": sorted(m for m in sys.modules if m.split(".")[0] == "keras"),
@@ -120,7 +127,12 @@ def main(spec_path: str) -> dict:
     }
 
 
-if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(sys.argv[1])), flush=True)
+def print_result(result: dict) -> None:
+    """The ``RESULT`` line the parent reads; then leaves at once."""
+    print("RESULT " + json.dumps(result), flush=True)
     sys.stderr.flush()
     os._exit(0)  # the coordinator's threads can keep a finished chief alive
+
+
+if __name__ == "__main__":
+    print_result(main(sys.argv[1]))
