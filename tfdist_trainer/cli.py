@@ -208,6 +208,14 @@ def main(argv: list[str]) -> None:
     try:
         with lost_peer_is_one_error(), config_checks_are_config_errors():
             _run_action(action, prepared.experiment, cluster, prepared.strategy_config)
+        if action is Action.SERVE:
+            # Done serving (the chief marked training done and left): nothing is left to save or
+            # flush but the log, and tearing down the interpreter under a running TF server
+            # takes seconds and sometimes crashed (below); ps:0 waits for this exit.
+            logging.flush()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     # the package's own errors: one sentence; anything else keeps its traceback
     except errors.TfdistError as e:
         # A serving task leaves without interpreter shutdown: with its TF server still running,
