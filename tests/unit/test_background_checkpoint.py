@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
-from tensorflow.python.eager.context import context as tf_compat_context
+from tensorflow.python.eager.context import context as eager_context
 
 from tfdist_trainer import sharding, tf_compat
 from tfdist_trainer.errors import ConfigError
@@ -185,7 +185,7 @@ def test_a_save_from_another_thread_defines_no_new_function(tmp_path, background
         writer.restore()
         writer.save(2)
         writer.wait()
-        known = set(tf_compat_context().list_function_names())
+        known = set(eager_context().list_function_names())
 
     step(BATCHES[2])
 
@@ -196,7 +196,7 @@ def test_a_save_from_another_thread_defines_no_new_function(tmp_path, background
     saver = threading.Thread(target=stall_save)
     saver.start()
     saver.join()
-    assert set(tf_compat_context().list_function_names()) == known
+    assert set(eager_context().list_function_names()) == known
     assert int(contents(str(tmp_path / "ckpt-3"))["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 3
 
 
