@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The charts extra (matplotlib) on top: make demo and make bench draw charts, make test does
+# not install it (Keras imports matplotlib.pyplot in every TensorFlow process when it is there).
+CHARTS_STAMP := $(VENV)/.installed-charts
 
 .PHONY: install demo test test-fast lint format bench clean
 
@@ -15,9 +18,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(CHARTS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,charts]'
+	touch $(CHARTS_STAMP)
+
 # MNIST on a local multi-process cluster: parameter_server (chief + 2 workers + 1 ps),
 # then multi_worker_mirrored (2 workers). Prints the test accuracy of each.
-demo: $(STAMP)
+demo: $(CHARTS_STAMP)
 	$(BIN)/python -m recipes.mnist.demo
 
 # The in-process unit tests (tests/unit/: no process started, one pytest process): under a minute.
@@ -44,7 +51,7 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: $(STAMP)
+bench: $(CHARTS_STAMP)
 	$(BIN)/python -m benchmarks.run_all
 
 clean:

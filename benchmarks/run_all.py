@@ -163,8 +163,9 @@ def main(argv=None) -> int:
         from benchmarks import chart
 
         png = chart.write_chart(figures, os.path.join(args.out, "run_all.png"), title)
-    except ImportError:  # matplotlib is in the dev extra
+    except ImportError:  # matplotlib is in the charts extra (make bench installs it)
         png = None
+        print("[run_all] no chart: matplotlib is not installed (pip install -e '.[charts]')")
     payload = {
         "smoke": smoke,
         "status": status,

@@ -5,12 +5,14 @@ once with its one-sentence notice. With MNIST IDX files served by a local HTTP
 server: it downloads them once, before the cluster starts, and the tasks train
 on that copy. Both times every line says which data it is about, the console
 has no TensorFlow chatter and no doubled prefixes, and the run ends with the
-results table, results.json and results.png.
+results table, results.json and, where matplotlib is installed (`make demo` installs
+the charts extra; `make test` does not), results.png.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import os
 import re
@@ -26,6 +28,8 @@ from recipes.mnist import data, prepare, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20
+#: `make demo` installs the charts extra; `make test` does not (it would cost every TF process 0.9 s).
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 CHATTER = ("cuInit", "InitializeLog", "oneDNN", "cuda drivers", "Heartbeat", "session config")
 
 
@@ -78,7 +82,7 @@ def _check_png(path: str) -> None:
     assert content.rstrip(b"\x00")[-8:-4] == b"IEND"
 
 
-def _check_results(summary: dict, strategy: str, data_label: str, out: str) -> None:
+def _check_results(summary: dict, strategy: str, data_label: str, out: str, console: str) -> None:
     assert summary["data"] == data_label
     assert summary["train_steps"] == STEPS and summary["total_wall_time_s"] > 0
     (run,) = summary["runs"]
@@ -95,7 +99,13 @@ def _check_results(summary: dict, strategy: str, data_label: str, out: str) -> N
     assert run["data"] == data_label  # what the tasks themselves recorded in metrics.jsonl
     assert 0.0 <= run["test_accuracy"] <= 1.0
     assert run["examples_per_s"] > 0 and 0 < run["wall_time_s"] <= summary["total_wall_time_s"]
-    _check_png(os.path.join(out, "results.png"))
+    png = os.path.join(out, "results.png")
+    if HAS_MATPLOTLIB:
+        _check_png(png)
+    else:
+        assert not os.path.exists(png)
+        assert "matplotlib is not installed, so no results.png (pip install matplotlib)" in console
+        assert "[demo] wrote " in console, console
 
 
 @pytest.mark.cluster
@@ -107,7 +117,9 @@ def test_offline_demo_falls_back_at_once_and_labels_every_line(tmp_path):
     notices = [line for line in lines if "Neither TFDS mnist nor MNIST IDX files" in line]
     assert len(notices) == 1 and "Connection refused" in notices[0], console
     assert summary["data_source"] == "digits" and summary["data_preparation_s"] < 2.0
-    _check_results(summary, "multi_worker_mirrored", prepare.FALLBACK_LABEL, str(tmp_path / "out"))
+    _check_results(
+        summary, "multi_worker_mirrored", prepare.FALLBACK_LABEL, str(tmp_path / "out"), console
+    )
     assert not os.listdir(tmp_path / "cache")
 
 
@@ -126,7 +138,7 @@ def test_demo_downloads_mnist_once_and_the_tasks_train_on_it(tmp_path):
     assert "FALLBACK" not in console and "Neither TFDS" not in console
     label = prepare.idx_label(str(tmp_path / "cache"))
     assert summary["data_source"] == "idx"
-    _check_results(summary, "parameter_server", label, str(tmp_path / "out"))
+    _check_results(summary, "parameter_server", label, str(tmp_path / "out"), console)
 
 
 @pytest.mark.cluster
@@ -190,7 +202,8 @@ def test_results_table_and_chart_without_matplotlib(tmp_path, monkeypatch):
     assert table[0].split()[:2] == ["strategy", "tasks"] and set(table[1]) <= {"-", " "}
     assert "0.9877" in table[2] and "41.2s" in table[2] and "4,322" in table[2]
     assert table[3].split()[-3:] == ["-", "30.0s", "-"]
-    _check_png(results.write_chart(str(tmp_path / "a.png"), rows, "title"))
+    if HAS_MATPLOTLIB:
+        _check_png(results.write_chart(str(tmp_path / "a.png"), rows, "title"))
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     assert results.write_chart(str(tmp_path / "b.png"), rows, "title") is None
     assert not (tmp_path / "b.png").exists()

@@ -5,6 +5,7 @@ task fails, and no shutdown errors after a job that succeeded. Real commands, re
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -338,6 +339,7 @@ def test_a_failing_task_prints_its_cause_and_one_traceback(tmp_path):
 
 # -- a fresh machine: each command's console starts with the tool's own line ----------------------
 
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 #: What TensorFlow, CUDA, matplotlib and gin print at every start (on a fresh HOME, matplotlib
 #: builds its font cache): in the task's log, never on a console.
 STARTUP_WORDS = (
@@ -420,7 +422,9 @@ def test_every_console_starts_with_the_tools_own_line_on_a_fresh_home(tmp_path):
     trained = [line for _, line in train.lines()]
     assert re.match(r"^\[local\] I\d{4} [\d:.]+ +\d+ cli\.py:\d+\] train as local ", trained[0])
     log = (model_dir / "logs" / "local.log").read_text(errors="replace")
-    assert "InitializeLog" in log and "generated new fontManager" in log, log[:3000]
+    assert "InitializeLog" in log, log[:3000]
+    # Keras imports matplotlib.pyplot when it is installed (make demo's charts extra).
+    assert ("generated new fontManager" in log) == HAS_MATPLOTLIB, log[:3000]
     assert "training done at step 5" in trained[-1] and trained[-1] in log
 
     modes = {
