@@ -12,8 +12,9 @@ parent writes once), same global batch, same cluster (chief + --num_workers work
   tf_keras_fit_spe      tf-keras fit, steps_per_execution=K (benchmarks/tf_keras_click_chief.py)
   tf_keras_fit_default  tf-keras fit, its defaults (steps_per_execution=1)
 
-Reported: examples/s (issue 39's target: the Trainer >= 1.5x fit) and the bytes the ps connections
-carried per step, each way (benchmarks/socket_bytes.py), over the timed steps. The tf-keras venv is
+Reported: examples/s (issue 39's target: the Trainer >= 1.5x fit), the bytes the ps connections
+carried per step, each way (benchmarks/socket_bytes.py), and the CPU milliseconds per step of the
+chief, the workers and the ps (benchmarks/process_cpu.py), over the timed steps. The tf-keras venv is
 ps_vs_tf_keras's (--tf_keras_venv, made on first use).
 """
 
@@ -33,6 +34,8 @@ CHIEF_SCRIPT = os.path.join(_bench.REPO, "benchmarks", "tf_keras_click_chief.py"
 RECIPE = os.path.join(_bench.REPO, "configs", "sharded_embedding", "100m.gin")
 GIN = [RECIPE, f"{_bench.REPO}/configs/strategies/parameter_server.gin"]  # the serving tasks
 TARGET = ">= 1.5x"
+#: The cluster's roles whose CPU time per step is reported (workers and ps summed over tasks).
+ROLES = ("chief", "worker", "ps")
 #: ClickTrainer's settings both chiefs build the model from (the tf-keras one layer for layer).
 MODEL_SETTINGS = ("vocab_sizes", "embedding_dim", "hidden_units", "num_dense", "learning_rate")
 
@@ -107,6 +110,7 @@ def trainer_chief(spec: dict) -> dict:
     import numpy as np
     import tensorflow as tf
 
+    from benchmarks.process_cpu import cluster_cpu, per_step_ms
     from benchmarks.socket_bytes import per_step, ps_traffic
     from recipes.sharded_embedding.trainer import ClickTrainer
     from tfdist_trainer.plan import cluster, network
@@ -139,9 +143,11 @@ def trainer_chief(spec: dict) -> dict:
     run = _bench.library_run(trainer_cls, strategy, seed=spec["seed"])
     t_warm, call = time.perf_counter(), spec["steps_per_call"]
     warm = [run.train(call) for _ in range(spec["warmup_steps"] // call)]
-    before, t_timed = ps_traffic(spec["cluster"]["ps"]), time.perf_counter()
+    cpu_before, before = cluster_cpu(spec["cluster"]), ps_traffic(spec["cluster"]["ps"])
+    t_timed = time.perf_counter()
     timed = [run.train(call) for _ in range(spec["steps"] // call)]
     timed_s, after = time.perf_counter() - t_timed, ps_traffic(spec["cluster"]["ps"])
+    cpu_after = cluster_cpu(spec["cluster"])
     return {
         "timed_s": timed_s,
         "build_s": t_warm - t0,
@@ -149,6 +155,7 @@ def trainer_chief(spec: dict) -> dict:
         "warmup_loss": warm[-1].loss,
         "final_loss": timed[-1].loss,
         "bytes_per_step": per_step(before, after, spec["steps"]),
+        "cpu_ms_per_step": per_step_ms(cpu_before, cpu_after, spec["steps"]),
         "steps_per_loop": run.loop.steps_per_loop,
         "steps_counted": int(run.context.global_step.numpy()),
         "expected_steps": len(warm + timed) * call,
@@ -201,6 +208,9 @@ def report(args, model: dict, runs: dict[str, list[dict]]) -> None:
             "examples_per_s": statistics.median(r["examples_per_s"] for r in rs),
             "to_ps_bytes_per_step": statistics.median(r["bytes_per_step"]["to_ps"] for r in rs),
             "from_ps_bytes_per_step": statistics.median(r["bytes_per_step"]["from_ps"] for r in rs),
+            "cpu_ms_per_step": {
+                role: statistics.median(r["cpu_ms_per_step"][role] for r in rs) for role in ROLES
+            },
             "steps_counted_exact": all(r["steps_counted"] == r["expected_steps"] for r in rs),
             "runs": rs,
         }
@@ -235,6 +245,7 @@ def report(args, model: dict, runs: dict[str, list[dict]]) -> None:
             f"{r['examples_per_s']:,.0f}",
             f"{r['to_ps_bytes_per_step'] / 1024:,.1f}",
             f"{r['from_ps_bytes_per_step'] / 1024:,.1f}",
+            *(f"{r['cpu_ms_per_step'][role]:,.1f}" for role in ROLES),
         ]
         for v, r in results.items()
     ]
@@ -245,7 +256,13 @@ def report(args, model: dict, runs: dict[str, list[dict]]) -> None:
         f"Adagrad; parameter_server: chief + {args.num_workers} workers + {args.num_ps} ps on "
         f"127.0.0.1 (a fresh cluster per run); global batch {args.batch_size}, {args.steps} timed "
         f"steps x {args.repeats}, {args.steps_per_call} steps per call/epoch",
-        columns=["variant", "examples/s", "KiB to ps / step", "KiB from ps / step"],
+        columns=[
+            "variant",
+            "examples/s",
+            "KiB to ps / step",
+            "KiB from ps / step",
+            *(f"{role} CPU ms / step" for role in ROLES),
+        ],
         rows=rows,
         environment=env,
         baseline=next(v for v in runs if v != "trainer"),

@@ -21,6 +21,7 @@ import os
 import sys
 import time
 
+from process_cpu import cluster_cpu, per_step_ms
 from socket_bytes import per_step, ps_traffic
 from tf_keras_ps_chief import print_result, wait_for_servers, what_ran
 
@@ -86,12 +87,13 @@ def main(spec_path: str) -> dict:
 
     per_epoch = spec["steps_per_call"]
     warm, timed = spec["warmup_steps"] // per_epoch, spec["steps"] // per_epoch
-    begin, ends, traffic = [], [], []
+    begin, ends, traffic, cpu = [], [], [], []
 
     def epoch_end(epoch, logs):
         ends.append(time.perf_counter())
         if epoch + 1 in (warm, warm + timed):
             traffic.append(ps_traffic(spec["cluster"]["ps"]))
+            cpu.append(cluster_cpu(spec["cluster"]))
 
     clock = tf_keras.callbacks.LambdaCallback(
         on_train_begin=lambda logs: begin.append(time.perf_counter()), on_epoch_end=epoch_end
@@ -113,6 +115,7 @@ def main(spec_path: str) -> dict:
         "final_loss": float(losses[-1]),
         "auc": float(history.history["auc"][-1]),
         "bytes_per_step": per_step(traffic[0], traffic[1], spec["steps"]),
+        "cpu_ms_per_step": per_step_ms(cpu[0], cpu[1], spec["steps"]),
         "steps_per_execution": spec["steps_per_execution"],
         "steps_counted": int(model._train_counter.numpy()),
         "expected_steps": (warm + timed) * per_epoch,
