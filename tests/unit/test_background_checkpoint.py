@@ -166,6 +166,36 @@ def test_a_second_save_waits_for_the_first_and_each_is_listed_whole(tmp_path):
         )
 
 
+def traced_checkpointer(tmp_path, checkpoint, global_step, background: bool) -> Checkpointer:
+    """parameter_server's checkpointer (its traced write), restored (fresh) under the strategy
+    scope the training loop saves in."""
+    writer = Checkpointer(
+        model_dir=str(tmp_path),
+        cluster=ClusterConfig(cluster={}),
+        checkpoint=checkpoint,
+        global_step=global_step,
+        keep=5,
+        spans_tasks=True,  # parameter_server's traced write
+        background=background,
+    )
+    writer.restore()
+    return writer
+
+
+def save_on_a_thread_of_its_own(writer: Checkpointer, step: int) -> set[str]:
+    """Saves `step` from a new thread (outside the strategy scope, as the stall save does) and
+    waits until it is durable; returns the names of the functions defined once it is."""
+
+    def save():
+        writer.save(step)
+        writer.wait()
+
+    saver = threading.Thread(target=save)
+    saver.start()
+    saver.join()
+    return set(eager_context().list_function_names())
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
 def test_a_save_from_another_thread_defines_no_new_function(tmp_path, background):
     """The parameter_server chief's stall save runs on a thread of its own, outside the strategy
@@ -173,31 +203,27 @@ def test_a_save_from_another_thread_defines_no_new_function(tmp_path, background
     silent worker that hangs the chief for good (seen in CI: no watchdog line for 140s)."""
     checkpoint, global_step, step = trained_state(steps=2)
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():  # where the training loop saves
-        writer = Checkpointer(
-            model_dir=str(tmp_path),
-            cluster=ClusterConfig(cluster={}),
-            checkpoint=checkpoint,
-            global_step=global_step,
-            keep=5,
-            spans_tasks=True,  # parameter_server's traced write
-            background=background,
-        )
-        writer.restore()
+        writer = traced_checkpointer(tmp_path, checkpoint, global_step, background)
         writer.save(2)
         writer.wait()
         known = set(eager_context().list_function_names())
-
     step(BATCHES[2])
-
-    def stall_save():
-        writer.save(3)
-        writer.wait()
-
-    saver = threading.Thread(target=stall_save)
-    saver.start()
-    saver.join()
-    assert set(eager_context().list_function_names()) == known
+    assert save_on_a_thread_of_its_own(writer, 3) == known
     assert int(contents(str(tmp_path / "ckpt-3"))["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 3
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+def test_the_first_save_defines_no_function_the_start_did_not(tmp_path, background):
+    """The write is traced when the state is restored, on the training thread, while every task
+    answers: the first save (in the background, or the stall save's thread) defines nothing. A
+    function defined then is registered on every task, and a worker whose link went down
+    meanwhile held the chief for good (seen under load: the step-40 background save never ended)."""
+    checkpoint, global_step, _ = trained_state(steps=2)
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        writer = traced_checkpointer(tmp_path, checkpoint, global_step, background)
+        known = set(eager_context().list_function_names())
+    assert save_on_a_thread_of_its_own(writer, 2) == known
+    assert int(contents(str(tmp_path / "ckpt-2"))["global_step/.ATTRIBUTES/VARIABLE_VALUE"]) == 2
 
 
 # -- a restart reads its tables in chunks, never initialising them first ----------------------

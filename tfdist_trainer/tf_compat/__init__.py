@@ -41,7 +41,6 @@ from tfdist_trainer.tf_compat.distribution import (
     cluster_resolver,
     coordination_service_config,
     graph_functions,
-    remote_value_finished,
     wait_at_barrier,
 )
 from tfdist_trainer.tf_compat.keras_optimizers import (
@@ -91,7 +90,6 @@ __all__ = [
     "optimizer_model_variables",
     "optimizer_scalar_children",
     "recreate_variable_storage",
-    "remote_value_finished",
     "replace_gradient_all_reduce",
     "save_stand_ins",
     "saveable_classes",

@@ -1,9 +1,8 @@
 """Private tf.distribute APIs: a strategy's cluster resolver, a graph's functions, the coordinator's
 workers, the coordination service's barrier.
 
-The parameter_server watchdog needs to know which worker holds a closure and whether a
-closure has finished; a job's orderly end waits at the coordination service's barrier. TF
-2.21 makes none of them public.
+The parameter_server watchdog needs to know which worker holds a closure; a job's orderly
+end waits at the coordination service's barrier. TF 2.21 makes none of them public.
 """
 
 from __future__ import annotations
@@ -43,17 +42,6 @@ def graph_functions(graph: Any) -> list:
         for f in getattr(graph, "_functions", {}).values()
         if getattr(f, "graph", None) is not None
     ]
-
-
-def remote_value_finished(remote_value: Any) -> bool:
-    """Whether a ClusterCoordinator RemoteValue holds its result or error, without blocking.
-
-    Reads `RemoteValueImpl._status` (a `RemoteValueStatus`): the public
-    `fetch()` and `get()` block until the closure has run, and a closure on a
-    worker whose link is down never runs.
-    """
-    status = getattr(remote_value, "_status", None)
-    return status is not None and status.name != "NOT_READY"
 
 
 def busy_worker_indices() -> list[int]:

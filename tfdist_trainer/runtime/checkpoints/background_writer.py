@@ -60,10 +60,12 @@ class BackgroundWriter(SyncWriter):
         self._thread.start()
 
     def ready(self) -> None:
-        """Makes the copies (a second copy of the state, on its devices): after a restore, not
-        before, so that a restart reads its tables without the copies in its way."""
+        """Makes the copies (a second copy of the state, on its devices) and traces the write:
+        after a restore, not before, so that a restart reads its tables without the copies in
+        its way."""
         if self._snapshot is None:
             self._snapshot = Snapshot(self._checkpoint)
+        super().ready()  # after the snapshot: the traced write saves its copies
 
     def wait(self) -> None:
         """Returns once the pending save is durable; raises its error (`Checkpointer.wait`)."""

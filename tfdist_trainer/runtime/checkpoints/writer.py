@@ -96,7 +96,14 @@ class SyncWriter:
             raise error from None
 
     def ready(self) -> None:
-        """Called once the state is restored (or fresh), before the first save: nothing to do."""
+        """Called once the state is restored (or fresh), before the first save, on the training
+        thread: traces the write now, while every task answers. Defining a function registers
+        it on every task of the cluster; done at the first save, in the background or by the
+        stall save, that waits for good on a worker whose link went down meanwhile."""
+        if self._traced_write is not None and self._write_function is None:
+            self._write_function = self._traced_write.get_concrete_function(
+                tf.TensorSpec([], tf.string)
+            )
 
     def wait(self) -> None:
         """Every save returned durable: nothing is pending (`Checkpointer.wait`)."""
@@ -165,13 +172,10 @@ class SyncWriter:
             )
             return manager.save(checkpoint_number=step)
         path = storage.join(where.directory, f"ckpt-{step}")
-        if self._write_function is None:
-            # Kept as the concrete function: called from another thread (the stall save's, a
-            # background write's) a tf.function traces again (the strategy scope is per
-            # thread), and registers the new function on every task, silent workers included.
-            self._write_function = self._traced_write.get_concrete_function(
-                tf.TensorSpec([], tf.string)
-            )
+        # The concrete function `ready()` traced: called from another thread (the stall save's, a
+        # background write's) the tf.function would trace again (the strategy scope is per
+        # thread), and register the new function on every task, silent workers included.
+        self.ready()
         self._write_function(tf.constant(path))
         self.write_traced = True
         state = tf.train.get_checkpoint_state(where.directory)

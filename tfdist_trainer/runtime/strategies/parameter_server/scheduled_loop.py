@@ -140,23 +140,23 @@ class ScheduledTrainLoop:
         ]
 
     def _finish(self, scheduled: list[tuple[int, Any]]) -> list[tuple[int, float, int]]:
-        """Waits for a batch (with the watchdog); each closure's (steps taken, mean loss, first
-        non-finite step)."""
-        watchdog.wait_for_closures(
+        """Waits for a batch's results (with the watchdog); each closure's (steps taken, mean loss,
+        first non-finite step)."""
+        results = watchdog.fetch_closures(
             self.coordinator,
             [remote for _, remote in scheduled],
             timeout_s=self.stall_timeout_s,
             worker_addresses=self.worker_addresses,
         )
-        return [self._outcome(n, remote) for n, remote in scheduled]
+        return [self._outcome(n, result) for (n, _), result in zip(scheduled, results)]
 
-    def _outcome(self, n: int, remote: Any) -> tuple[int, float, int]:
-        """One finished closure's (steps taken, mean loss, first non-finite step); a served
-        closure that took fewer than `n` steps marks its worker out of data."""
+    def _outcome(self, n: int, result: tuple) -> tuple[int, float, int]:
+        """One finished closure's (steps taken, mean loss, first non-finite step) from its fetched
+        result; a served closure that took fewer than `n` steps marks its worker out of data."""
         if not self.served:
-            loss, first_bad = remote.fetch()
+            loss, first_bad = result
             return n, float(loss), int(first_bad)
-        loss, first_bad, done, worker = remote.fetch()
+        loss, first_bad, done, worker = result
         if done < n:
             self._workers_out_of_data.add(int(worker))
         return int(done), float(loss), int(first_bad)

@@ -2,15 +2,15 @@
 
 TensorFlow's gRPC channels have no keepalive. When a worker's link goes down
 for good (no packets, no reset), the closure in flight on it never finishes
-and never fails, and `ClusterCoordinator.join()` waits forever: the job
-hangs silently. The watchdog waits for the scheduled closures itself; when
-none has finished for `timeout_s`, it raises `ClusterStalledError` naming the
+and never fails, and `ClusterCoordinator.join()` waits forever (as does a
+fetch of a result that lives on that worker): the job hangs silently. The
+watchdog fetches the results of a round of closures itself; when none has come
+for `timeout_s`, it raises `ClusterStalledError` naming the
 workers whose closure is stuck, and the controller saves a checkpoint and exits
 with a retryable code, so that a restart policy resumes the job.
 
-Which worker holds a closure, and whether a closure has finished, are not
-public in TF 2.21: tfdist_trainer.tf_compat reads them (and
-tests/test_tf_compat.py fails loudly when an upgrade changes either).
+Which worker holds a closure is not public in TF 2.21: tfdist_trainer.tf_compat
+reads it (and tests/test_tf_compat.py fails loudly when an upgrade changes it).
 """
 
 from __future__ import annotations
@@ -24,46 +24,46 @@ from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ClusterStalledError
 
 
-def wait_for_closures(
+def fetch_closures(
     coordinator: Any,
     remote_values: Sequence[Any],
     *,
     timeout_s: float,
     worker_addresses: Sequence[str] = (),
     poll_s: float = 1.0,
-) -> None:
-    """Like `coordinator.join()`, but raises ClusterStalledError after `timeout_s` without progress.
+) -> list:
+    """The fetched results of these closures; ClusterStalledError after `timeout_s` without progress.
 
-    `join()` runs in a helper thread, so the caller wakes the moment the last
-    closure finishes (no polling delay on the hot path) and errors from the
-    closures are raised here exactly as `join()` raises them. `timeout_s <= 0`
-    is a plain `join()`.
+    Only these: `coordinator.join()` would also wait for the batch queued behind
+    them, and the workers would then sit idle while the chief reads the results
+    and schedules the next one. A fetch copies a result from its worker, so it
+    hangs on a silent link too: results are fetched on a helper thread, one by
+    one, and each fetched result is progress. A failed closure's error is raised
+    as `join()` raises it (the coordinator's first error, the rest cancelled).
+    `timeout_s <= 0` waits without a limit.
     """
-    if timeout_s <= 0:
-        coordinator.join()
-        return
-    outcome: list[BaseException | None] = []
+    fetched: list = []
+    failure: list[BaseException] = []
 
-    def join():
+    def fetch_all():
         try:
-            coordinator.join()
-            outcome.append(None)
+            for remote in remote_values:
+                fetched.append(remote.fetch())
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
-            outcome.append(e)
+            failure.append(e)
 
-    joiner = threading.Thread(target=join, name="tfdist-join", daemon=True)
-    joiner.start()
-    finished = sum(tf_compat.remote_value_finished(r) for r in remote_values)
-    last_progress = time.monotonic()
+    fetcher = threading.Thread(target=fetch_all, name="tfdist-fetch", daemon=True)
+    fetcher.start()
+    progress, last_progress = 0, time.monotonic()
     while True:
-        joiner.join(timeout=min(poll_s, timeout_s))
-        if outcome:
-            if outcome[0] is not None:
-                raise outcome[0]
-            return
-        now_finished = sum(tf_compat.remote_value_finished(r) for r in remote_values)
-        if now_finished > finished:
-            finished, last_progress = now_finished, time.monotonic()
+        fetcher.join(timeout=min(poll_s, timeout_s) if timeout_s > 0 else None)
+        if failure:
+            coordinator.join()  # raises the closure's error as it always did, cancels the rest
+            raise failure[0]
+        if not fetcher.is_alive():
+            return fetched
+        if len(fetched) > progress:
+            progress, last_progress = len(fetched), time.monotonic()
         elif time.monotonic() - last_progress >= timeout_s:
             silent = tf_compat.busy_worker_indices()
             names = ", ".join(
@@ -77,6 +77,7 @@ def wait_for_closures(
                     if silent
                     else "no worker holds a closure (the coordinator is stuck)"
                 )
-                + f" ({len(remote_values) - finished} of {len(remote_values)} closures of this round unfinished)",
+                + f" ({len(remote_values) - len(fetched)} of {len(remote_values)} closures of this "
+                "round unfinished)",
                 silent,
             )
