@@ -5,6 +5,7 @@ No TensorFlow is mocked: every helper runs the real command lines a user runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -19,6 +20,10 @@ from tfdist_trainer.launch.process_group import signal_group
 from tfdist_trainer.plan.cluster import tf_config_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Whether the charts extra is installed: `make demo` and `make bench` install it, `make test`
+#: does not (Keras imports matplotlib.pyplot in every TensorFlow process when it is there,
+#: 0.9 s of CPU each). Tests check the chart where it is, and its absence where it is not.
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 PYTHON = sys.executable
 
 # A small, fast MNIST configuration (the offline digits set when MNIST is absent).

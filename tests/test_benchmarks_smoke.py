@@ -11,15 +11,11 @@ multi_worker_mirrored) and dynamic_tables (fixed and dynamic tables, one_device)
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 
 import pytest
 from benchlib import REPO, STATS_KEYS, check_figures, load, run_benchmark, run_smoke
-
-#: make bench installs the charts extra (matplotlib); make test does not: Keras imports
-#: matplotlib.pyplot in every TensorFlow process when it is there (0.9 s of CPU each).
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+from clusterlib import HAS_MATPLOTLIB
 
 
 def test_benchmarks_time_what_a_user_runs():

@@ -12,7 +12,6 @@ the charts extra; `make test` does not), results.png.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import re
@@ -22,14 +21,13 @@ import sys
 import zlib
 
 import pytest
+from clusterlib import HAS_MATPLOTLIB
 from test_mnist_data import LocalServer, closed_port_url, write_fake_mnist
 
 from recipes.mnist import data, prepare, results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20
-#: `make demo` installs the charts extra; `make test` does not (it would cost every TF process 0.9 s).
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 CHATTER = ("cuInit", "InitializeLog", "oneDNN", "cuda drivers", "Heartbeat", "session config")
 
 

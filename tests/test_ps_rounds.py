@@ -11,31 +11,21 @@ from __future__ import annotations
 
 import textwrap
 
-from test_tf_compat import PS_STRATEGY, run_script
+from test_tf_compat import PS_COORDINATOR, run_script
 
 
 def test_a_round_is_fetched_while_the_next_one_runs_and_a_stall_names_the_worker(tmp_path):
     result = run_script(
         tmp_path,
-        PS_STRATEGY
+        PS_COORDINATOR
         + textwrap.dedent(
             """
-        import time
         from tfdist_trainer.errors import ClusterStalledError
         from tfdist_trainer.runtime.strategies.parameter_server import watchdog
-
-        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        with strategy.scope():
-            release = tf.Variable(0, dtype=tf.int32, trainable=False)
 
         @tf.function
         def quick():
             return tf.constant(1.5), tf.constant(-1, tf.int64)
-
-        @tf.function
-        def hold():  # runs on the worker until the chief sets `release`
-            return tf.while_loop(lambda i: release.read_value() == 0, lambda i: i + 1,
-                                 [tf.constant(0, tf.int64)])
 
         @tf.function
         def fail():

@@ -66,6 +66,27 @@ resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type=
 strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
 """
 
+#: PS_STRATEGY's script, then its ClusterCoordinator (`coordinator`) and `hold`, a closure that
+#: runs on the worker until the chief sets `release` (at most 5M spins, counted in `spins`).
+PS_COORDINATOR = (
+    PS_STRATEGY
+    + """
+import time
+coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+with strategy.scope():
+    release = tf.Variable(0, dtype=tf.int32, trainable=False)
+    spins = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+@tf.function
+def hold():
+    def body(i):
+        spins.assign_add(1)
+        return i + 1
+    return tf.while_loop(lambda i: tf.logical_and(release.read_value() == 0, i < 5_000_000), body,
+                         [tf.constant(0)])
+"""
+)
+
 
 @pytest.fixture
 def mixed_float16():
@@ -619,22 +640,10 @@ def test_busy_worker_threads_on_a_real_coordinator(tmp_path):
     ParameterServerStrategy + ClusterCoordinator on in-process servers."""
     result = run_script(
         tmp_path,
-        PS_STRATEGY
+        PS_COORDINATOR
         + textwrap.dedent(
             """
-        import threading, time
-        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        with strategy.scope():
-            release = tf.Variable(0, dtype=tf.int32, trainable=False)
-            spins = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-        @tf.function
-        def hold():  # runs on the worker until the chief sets `release` (at most 5M spins)
-            def body(i):
-                spins.assign_add(1)
-                return i + 1
-            return tf.while_loop(lambda i: tf.logical_and(release.read_value() == 0, i < 5_000_000), body,
-                                 [tf.constant(0)])
+        import threading
 
         def poll(condition, seconds=60):
             deadline = time.time() + seconds

@@ -5,7 +5,6 @@ task fails, and no shutdown errors after a job that succeeded. Real commands, re
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,6 +17,7 @@ import time
 import pytest
 from clusterlib import (
     FAST_MNIST,
+    HAS_MATPLOTLIB,
     PYTHON,
     REPO,
     base_env,
@@ -339,7 +339,6 @@ def test_a_failing_task_prints_its_cause_and_one_traceback(tmp_path):
 
 # -- a fresh machine: each command's console starts with the tool's own line ----------------------
 
-HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 #: What TensorFlow, CUDA, matplotlib and gin print at every start (on a fresh HOME, matplotlib
 #: builds its font cache): in the task's log, never on a console.
 STARTUP_WORDS = (

@@ -64,7 +64,7 @@ def fetch_closures(
             return fetched
         if len(fetched) > progress:
             progress, last_progress = len(fetched), time.monotonic()
-        elif time.monotonic() - last_progress >= timeout_s:
+        elif timeout_s > 0 and time.monotonic() - last_progress >= timeout_s:
             silent = tf_compat.busy_worker_indices()
             names = ", ".join(
                 f"worker:{i}" + (f" ({worker_addresses[i]})" if i < len(worker_addresses) else "")
