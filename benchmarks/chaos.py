@@ -51,6 +51,8 @@ RESTARTING = re.compile(r"^\[launch\] .*; restarting (.+?) in [\d.]+s", re.M)
 STARTED = re.compile(r"^\[launch\] started (\S+) \(pid (\d+)(?:, ([^)]+))?\)", re.M)
 GONE = r"^\[launch\] (evaluation stopped: |{role} finished|{role} exited .* is not restarted)"
 GIVEN_UP = re.compile(r"^\[launch\] (.*(?:not restarted|evaluation stopped).*)$", re.M)
+#: A task's last words in its log: the one sentence it ended with (`[worker:1] error: ...`).
+TASK_ERROR = re.compile(r"^\[[a-z_]+:\d+\] error: .*$", re.M)
 
 
 def parse_args(argv):
@@ -127,6 +129,16 @@ class Job:
 
     def log_path(self, role: str) -> str:
         return os.path.join(self.model_dir, "logs", role.replace(":", "-") + ".log")
+
+    def last_words(self) -> list[str]:
+        """Every task's one-sentence error lines (`[chief:0] error: ...`), from all its lives: why a
+        task ended, which the launcher's own lines (an exit code) do not say."""
+        logs = os.path.join(self.model_dir, "logs")
+        lines: list[str] = []
+        for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+            with open(os.path.join(logs, name), errors="replace") as f:
+                lines += TASK_ERROR.findall(f.read())
+        return lines
 
     def step(self) -> int:
         records = train_records(self.model_dir)
@@ -256,8 +268,14 @@ def run_job(job_name, schedule, train_steps, run_dir, recovery_s=300.0, say=prin
         "wall_s": round(wall_s, 1),
         "faults": faults,
         "launcher_lines": re.findall(r"^\[launch\] .*$", out, re.M),
+        "last_words": job.last_words(),
         "output": job.out_path,
     }
+
+
+def counts(result: dict) -> dict:
+    """`run_job`'s result without its long parts (each fault, the launcher's and tasks' lines)."""
+    return {k: v for k, v in result.items() if k not in ("faults", "launcher_lines", "last_words")}
 
 
 def run(args):
@@ -273,8 +291,7 @@ def run(args):
         )
         print(f"[chaos] {name}: {steps} steps, schedule {json.dumps(schedule)}", flush=True)
         chaos = run_job(name, schedule, steps, f"{work}/{name}-chaos", args.recovery_s)
-        counts = {k: v for k, v in chaos.items() if k not in ("faults", "launcher_lines")}
-        print(f"[chaos] {name}: {json.dumps(counts)}", flush=True)
+        print(f"[chaos] {name}: {json.dumps(counts(chaos))}", flush=True)
         free = run_job(name, [], steps, f"{work}/{name}-fault_free", args.recovery_s)
         ratio = chaos["wall_s"] / free["wall_s"]
         results[name] = {**chaos, "fault_free": free, "overhead_ratio": ratio}

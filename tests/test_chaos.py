@@ -33,9 +33,9 @@ SCHEDULE = [  # three kinds: SIGKILL a worker, SIGKILL the ps (chief and ps rest
 def test_five_spaced_faults_within_the_default_budget(tmp_path):
     schedule = [{"signal": s, "role": r, "wait_s": 5.0} for s, r in SCHEDULE]
     result = chaos.run_job("ps", schedule, TRAIN_STEPS, str(tmp_path / "ps"), recovery_s=120)
-    counts = {k: v for k, v in result.items() if k not in ("faults", "launcher_lines")}
-    print(json.dumps(counts), *map(json.dumps, result["faults"]), sep="\n")
-    launcher = "\n".join(result["launcher_lines"])
+    print(json.dumps(chaos.counts(result)), *map(json.dumps, result["faults"]), sep="\n")
+    # The launcher says which task exited with what; each task's own last words say why.
+    launcher = "\n".join(result["launcher_lines"] + ["[tasks' last words]"] + result["last_words"])
     assert result["exit_code"] == 0, launcher
     assert result["final_step"] == TRAIN_STEPS, launcher
     assert result["faults_dealt"] == len(SCHEDULE), (result["faults"], launcher)

@@ -4,7 +4,8 @@
 round's results while the round queued behind it still runs (`coordinator.join()` would wait
 for that one too, leaving the workers idle while the chief schedules the next); a round that
 makes no progress for `timeout_s` is a ClusterStalledError naming the busy worker; a failed
-closure's own error is raised.
+closure's own error is raised; a round that came back whole resets TF's count of suspected ps
+failures.
 """
 
 from __future__ import annotations
@@ -62,3 +63,34 @@ def test_a_round_is_fetched_while_the_next_one_runs_and_a_stall_names_the_worker
     assert "(1 of 1 closures of this round unfinished)" in result["stall"], result
     assert 2 <= result["stall_after_s"] < 10, result
     assert result["held"] > 0 and "bad step" in result["failure"], result
+
+
+def test_a_finished_round_forgives_the_ps_errors_a_restarting_worker_caused(tmp_path):
+    """TF's coordinator fails a closure at the third error that names a ps RPC, counted since the
+    chief started (`TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`, never reset in TF 2.21): over a
+    long job, worker restarts alone would end the chief. A round that came back whole resets it.
+    The errors are TF's own kind with the ps RPC text TF looks for, fed to TF's own classifier."""
+    result = run_script(
+        tmp_path,
+        PS_COORDINATOR
+        + textwrap.dedent(
+            """
+        from tfdist_trainer.runtime.strategies.parameter_server import watchdog
+
+        def suspect_ps_error():  # as a worker reports a step whose ps call its restart cut short
+            return tf.errors.UnavailableError(None, None, "Socket closed\\nAdditional GRPC error "
+                "information from remote target /job:ps/replica:0/task:0/device:CPU:0 while "
+                "calling /tensorflow.eager.EagerService/RunComponentFunction")
+
+        ignored = coordinator._cluster._record_and_ignore_transient_ps_failure
+        out = {"before_a_round": [ignored(suspect_ps_error()) for _ in range(2)]}
+        release.assign(1)
+        watchdog.fetch_closures(coordinator, [coordinator.schedule(hold)], timeout_s=60)
+        out["after_a_round"] = [ignored(suspect_ps_error()) for _ in range(3)]
+        print(json.dumps(out), flush=True)
+        os._exit(0)  # in-process servers cannot be shut down cleanly
+    """
+        ),
+    )
+    # Two ignored, then a round: two more are ignored; the third in a row is a lost ps again.
+    assert result == {"before_a_round": [True, True], "after_a_round": [True, True, False]}, result

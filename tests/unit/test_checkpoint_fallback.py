@@ -249,6 +249,24 @@ def test_the_evaluator_skips_a_damaged_checkpoint_without_failing(saved, monkeyp
     assert evaluate._read(checkpointer._checkpoint, f"{uri}/ckpt-100", uri, by="evaluator")
 
 
+#: A lost ps as the parameter_server chief gets it (a chief's log in the chaos test, abridged).
+LOST_PS = (
+    "Graph execution error:\n\n2 root error(s) found.\n  (0) UNAVAILABLE:  failed to "
+    "connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:28462: Failed to connect"
+    " to remote host: Connection refused\nAdditional GRPC error information from remote "
+    "target /job:ps/replica:0/task:0/device:CPU:0 while calling /tensorflow.eager."
+    "EagerService/RunComponentFunction:\n:UNKNOWN:Error received from peer  {grpc_status:14}"
+    "\n  (1) CANCELLED:  Function was cancelled before it was started\n0 successful "
+    "operations.\n0 derived errors ignored.\nAdditional GRPC error information from remote"
+    " target /job:worker/replica:0/task:1 while calling /tensorflow.eager.EagerService/"
+    "Enqueue:\n:UNKNOWN:Error received from peer  {grpc_status:14}"
+)
+LOST_PS_CAUSE = (
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:28462: Failed "
+    "to connect to remote host: Connection refused"
+)
+
+
 @pytest.mark.parametrize(
     ("message", "cause"),
     [
@@ -263,8 +281,21 @@ def test_the_evaluator_skips_a_damaged_checkpoint_without_failing(saved, monkeyp
          "; No space left on device\n\t [[{{node SaveV2}}]]\nHint: ...\n  (1) RESOURCE_EXHAUSTED:"
          " same\n0 successful operations.",
          "/d/ckpt-200_temp/part-00000-of-00003; No space left on device"),
+        (LOST_PS, LOST_PS_CAUSE),
     ],
-    ids=["op", "function", "several-tasks"],
+    ids=["op", "function", "several-tasks", "function-of-several-tasks"],
 )  # fmt: skip
 def test_tf_messages_become_their_cause_in_one_line(message, cause):
     assert failures.one_line(tf.errors.OpError(None, None, message, 2)) == cause
+
+
+def test_a_lost_peer_is_one_sentence_with_the_cause_from_tf_s_message():
+    from tfdist_trainer.errors import PeerLost
+    from tfdist_trainer.runtime.peers import lost_peer_is_one_error
+
+    with pytest.raises(PeerLost) as raised, lost_peer_is_one_error():
+        raise tf.errors.UnavailableError(None, None, LOST_PS)
+    assert str(raised.value) == (
+        f"lost contact with another task of the cluster (UnavailableError: {LOST_PS_CAUSE}); "
+        "restart it and this task to resume from the last checkpoint."
+    )

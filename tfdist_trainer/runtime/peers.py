@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import tensorflow as tf
 
 from tfdist_trainer.errors import PeerLost
+from tfdist_trainer.runtime.checkpoints.failures import one_line
 
 #: Errors that mean another task of the cluster is gone (a ps under parameter_server,
 #: a peer under multi_worker_mirrored); restarting the job from its checkpoint fixes them.
@@ -28,12 +29,11 @@ PEER_LOST_ERRORS = (
 
 @contextlib.contextmanager
 def lost_peer_is_one_error() -> Iterator[None]:
-    """Re-raises TF's lost-peer errors as `PeerLost` with the first line of TF's message."""
+    """Re-raises TF's lost-peer errors as `PeerLost` with the cause in TF's message."""
     try:
         yield
     except PEER_LOST_ERRORS as e:
-        first_line = (e.message if hasattr(e, "message") else str(e)).strip().splitlines()[0][:300]
         raise PeerLost(
-            f"lost contact with another task of the cluster ({type(e).__name__}: {first_line}); "
+            f"lost contact with another task of the cluster ({type(e).__name__}: {one_line(e)}); "
             f"restart it and this task to resume from the last checkpoint."
         ) from None

@@ -40,6 +40,7 @@ from tfdist_trainer.tf_compat.distribution import (
     busy_worker_indices,
     cluster_resolver,
     coordination_service_config,
+    forgive_transient_ps_failures,
     graph_functions,
     wait_at_barrier,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "coordination_service_config",
     "distributed_components",
     "export_archive_of",
+    "forgive_transient_ps_failures",
     "graph_functions",
     "identity_dict",
     "in_stateless_scope",

@@ -66,6 +66,25 @@ def busy_worker_indices() -> list[int]:
     return sorted(busy)
 
 
+def forgive_transient_ps_failures(coordinator: Any) -> None:
+    """Starts ClusterCoordinator's count of suspected ps failures again from zero.
+
+    The coordinator ignores an error that names a ps RPC (a restarting worker's
+    in-flight step, a cluster update cancelling remote calls) as transient until
+    it has seen `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES` (3) of them for
+    that ps, and then fails the closure. The count is never reset in TF 2.21
+    (`Cluster._potential_ps_failures_count`), so in a long job the third such
+    error *ever* ends the chief, however many rounds every ps answered in
+    between. Called after each round that finished, the threshold means three
+    in a row, which is what it is for: a dead ps still fails the first round
+    after its death (its errors come in a burst).
+    """
+    cluster = coordinator._cluster  # noqa: SLF001
+    with cluster._potential_ps_failures_lock:  # noqa: SLF001
+        counts = cluster._potential_ps_failures_count  # noqa: SLF001
+        counts[:] = [0] * len(counts)
+
+
 def coordination_service_config() -> Any | None:
     """This process's coordination service settings (leader, coordinated jobs), or None.
 

@@ -32,19 +32,23 @@ _ROOT_ERROR = re.compile(r"\(\d+\) [A-Z_]+: (.*)")
 
 
 def one_line(error: BaseException) -> str:
-    """TF's message in one line, without its decorations. A function's error (under
-    parameter_server the restore and the traced write are functions) starts with ``Graph
-    execution error:`` and the place it was defined; its cause is its last line. An error of
-    several tasks says ``N root error(s) found.``, then each: the first is the cause."""
+    """TF's message in one line, without its decorations. An error of several tasks says ``N
+    root error(s) found.``, then each: the first is the cause (also inside a function's error,
+    as a lost ps reaches the parameter_server chief). A function's error (under parameter_server
+    the restore and the traced write are functions) starts with ``Graph execution error:`` and
+    the place it was defined; its cause is its last line."""
     text = getattr(error, "message", None) or str(error)
     lines = [_DECORATIONS.sub("", line).strip() for line in text.splitlines()]
     lines = [line for line in lines if line]
     if not lines:
         return type(error).__name__
+    if any(_ROOT_ERRORS.match(line) for line in lines):
+        causes = [m.group(1).strip() for m in map(_ROOT_ERROR.match, lines) if m]
+        if causes and causes[0]:
+            return causes[0][:300]
     if lines[0] == "Graph execution error:":
         return lines[-1][:300]
-    causes = [m.group(1) for m in map(_ROOT_ERROR.match, lines[1:]) if m and m.group(1)]
-    return (causes[0] if causes and _ROOT_ERRORS.match(lines[0]) else lines[0])[:300]
+    return lines[0][:300]
 
 
 #: TF's NotFoundError for a variable or container that another task no longer holds.

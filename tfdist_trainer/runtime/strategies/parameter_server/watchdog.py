@@ -41,6 +41,11 @@ def fetch_closures(
     one, and each fetched result is progress. A failed closure's error is raised
     as `join()` raises it (the coordinator's first error, the rest cancelled).
     `timeout_s <= 0` waits without a limit.
+
+    A round that came back whole means every ps answered it: the coordinator's
+    count of suspected ps failures starts again (`tf_compat.forgive_transient_ps_failures`),
+    so that the errors a restarting worker causes over a long job do not add up
+    to a lost ps that ends the chief.
     """
     fetched: list = []
     failure: list[BaseException] = []
@@ -61,6 +66,7 @@ def fetch_closures(
             coordinator.join()  # raises the closure's error as it always did, cancels the rest
             raise failure[0]
         if not fetcher.is_alive():
+            tf_compat.forgive_transient_ps_failures(coordinator)
             return fetched
         if len(fetched) > progress:
             progress, last_progress = len(fetched), time.monotonic()
