@@ -32,6 +32,7 @@ BENCHMARKS = (  # in the order they run: one process first, then the clusters
     "data_service",  # parameter_server input through the tf.data service vs static shards
     "large_tables",  # the click model's tables: each strategy's steps/s vs one_device
     "dynamic_tables",  # tables that grow vs fixed bucket-hashed tables: examples/s, AUC
+    "stacked_lookup",  # many sharded tables under PSS: one lookup per shard vs one per ps
 )
 TVB = "trainer_vs_baselines"
 ISSUE_11_TARGETS = {  # key: (benchmark, what, target)

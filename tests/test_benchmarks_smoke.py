@@ -5,7 +5,8 @@ tools read. --smoke starts a benchmark's variant processes all at once (almost a
 run is TensorFlow starting). run_all smoke-runs trainer_vs_baselines, steps_per_loop_auto and
 mirrored_vs_one_device; model_parallel and data_service run below; ps_vs_tf_keras and
 mnist_time_to_accuracy in tests/test_bench_*.py; large_tables (one_device and
-multi_worker_mirrored) and dynamic_tables (fixed and dynamic tables, one_device) below.
+multi_worker_mirrored), dynamic_tables (fixed and dynamic tables, one_device) and stacked_lookup
+(one lookup per shard or per ps, in-process servers) below.
 """
 
 from __future__ import annotations
@@ -203,3 +204,26 @@ def test_dynamic_tables_smoke_compares_with_fixed_tables_in_the_same_run(tmp_pat
     assert speed["target"] == ">= 0.7" and speed["ratio"] == dynamic["ratio_to_fixed"]
     assert auc["unit"] == "AUC" and auc["value"] == dynamic["auc"]
     assert "x fixed" in stdout
+
+
+def test_stacked_lookup_smoke_updates_the_same_rows_both_ways(tmp_path):
+    """One lookup per shard (the library today) against one per ps: the same tables, ids and
+    sparse SGD, so the same loss after the same steps; each shard on its own ps."""
+    out = str(tmp_path / "bench")
+    stdout = run_smoke("benchmarks.stacked_lookup", out, timeout=240)
+    payload = load(out, "stacked_lookup")
+    assert payload["baseline"] == "per_shard"
+    results = payload["results"]
+    assert set(results) == {"per_shard", "stacked_rows"}
+    for result in results.values():
+        assert result["shards"] == 6 and result["steps_per_s"] > 0, result
+        assert [d.split("/device:")[0] for d in result["ps_devices"]] == [
+            "/job:ps/replica:0/task:0",
+            "/job:ps/replica:0/task:1",
+        ], result
+    assert results["stacked_rows"]["final_loss"] == pytest.approx(
+        results["per_shard"]["final_loss"], rel=1e-5
+    )
+    (figure,) = check_figures(payload)
+    assert figure["ratio"] == results["stacked_rows"]["speedup_vs_baseline"] > 0
+    assert "speedup vs per_shard" in stdout
