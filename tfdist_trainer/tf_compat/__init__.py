@@ -42,6 +42,7 @@ from tfdist_trainer.tf_compat.distribution import (
     coordination_service_config,
     forgive_transient_ps_failures,
     graph_functions,
+    remote_value_failure,
     wait_at_barrier,
 )
 from tfdist_trainer.tf_compat.keras_optimizers import (
@@ -92,6 +93,7 @@ __all__ = [
     "optimizer_model_variables",
     "optimizer_scalar_children",
     "recreate_variable_storage",
+    "remote_value_failure",
     "replace_gradient_all_reduce",
     "save_stand_ins",
     "saveable_classes",

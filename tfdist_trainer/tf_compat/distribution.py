@@ -66,6 +66,19 @@ def busy_worker_indices() -> list[int]:
     return sorted(busy)
 
 
+def remote_value_failure(remote_value: Any) -> BaseException | None:
+    """The error ClusterCoordinator settled a finished closure with (`RemoteValueImpl._error`), or None.
+
+    `RemoteValue.fetch()` raises two kinds of error alike: the closure's own
+    failure, which TF has settled, and a failed copy of a finished closure's
+    result from a worker that died meanwhile. TF's worker thread makes that
+    same copy, sees the worker's death and runs the closure again elsewhere;
+    a fetch that raced it must wait for the new result, not give up. Only
+    the settled error tells them apart, and TF has no public accessor for it.
+    """
+    return getattr(remote_value, "_error", None)
+
+
 def forgive_transient_ps_failures(coordinator: Any) -> None:
     """Starts ClusterCoordinator's count of suspected ps failures again from zero.
 

@@ -20,8 +20,39 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from absl import logging
+
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ClusterStalledError
+from tfdist_trainer.runtime.peers import PEER_LOST_ERRORS
+
+
+def fetch_result(remote: Any, retry_s: float) -> Any:
+    """A closure's result, also when the worker that ran it died before the copy to the chief.
+
+    A finished closure's result lives on its worker until it is copied to the
+    chief. TF's own worker thread copies it and, when the worker died, runs the
+    closure again on another; a fetch that came first fails on the dead
+    worker instead (a lost-peer error that is not the closure's). Such a fetch
+    is tried again until the new result is there; an error TF settled the
+    closure with is raised.
+    """
+    said = False
+    while True:
+        try:
+            return remote.fetch()
+        except PEER_LOST_ERRORS as e:
+            if tf_compat.remote_value_failure(remote) is not None:
+                raise
+            if not said:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+                logging.info(
+                    "a step loop's worker went away before its result reached the chief (%s); "
+                    "waiting for the coordinator to run it again",
+                    first,
+                )
+                said = True
+            time.sleep(retry_s)
 
 
 def fetch_closures(
@@ -53,7 +84,7 @@ def fetch_closures(
     def fetch_all():
         try:
             for remote in remote_values:
-                fetched.append(remote.fetch())
+                fetched.append(fetch_result(remote, poll_s))
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
             failure.append(e)
 
