@@ -4,7 +4,8 @@
 round's results while the round queued behind it still runs (`coordinator.join()` would wait
 for that one too, leaving the workers idle while the chief schedules the next); a round that
 makes no progress for `timeout_s` is a ClusterStalledError naming the busy worker; a failed
-closure's own error is raised; a round that came back whole resets TF's count of suspected ps
+closure's own error is raised (a failed copy of a finished result is fetched again, the
+settled error tells them apart); a round that came back whole resets TF's count of suspected ps
 failures.
 """
 
@@ -52,6 +53,8 @@ def test_a_round_is_fetched_while_the_next_one_runs_and_a_stall_names_the_worker
             watchdog.fetch_closures(coordinator, [failing], timeout_s=60)
         except tf.errors.InvalidArgumentError as e:
             out["failure"] = str(e)
+        # What tells a settled failure (raised) from a failed copy of a finished result (retried).
+        out["settled"] = [type(tf_compat.remote_value_failure(r)).__name__ for r in (held, failing)]
         print(json.dumps(out), flush=True)
         os._exit(0)  # in-process servers cannot be shut down cleanly
     """
@@ -63,6 +66,7 @@ def test_a_round_is_fetched_while_the_next_one_runs_and_a_stall_names_the_worker
     assert "(1 of 1 closures of this round unfinished)" in result["stall"], result
     assert 2 <= result["stall_after_s"] < 10, result
     assert result["held"] > 0 and "bad step" in result["failure"], result
+    assert result["settled"] == ["NoneType", "InvalidArgumentError"], result
 
 
 def test_a_finished_round_forgives_the_ps_errors_a_restarting_worker_caused(tmp_path):

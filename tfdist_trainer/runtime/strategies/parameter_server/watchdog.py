@@ -20,11 +20,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ClusterStalledError
-from tfdist_trainer.runtime.peers import PEER_LOST_ERRORS
 
 
 def fetch_result(remote: Any, retry_s: float) -> Any:
@@ -32,16 +32,17 @@ def fetch_result(remote: Any, retry_s: float) -> Any:
 
     A finished closure's result lives on its worker until it is copied to the
     chief. TF's own worker thread copies it and, when the worker died, runs the
-    closure again on another; a fetch that came first fails on the dead
-    worker instead (a lost-peer error that is not the closure's). Such a fetch
-    is tried again until the new result is there; an error TF settled the
-    closure with is raised.
+    closure again on another, meanwhile still offering the old result; a fetch
+    of that fails on the dead worker (refused, reset) or on the one restarted
+    at its address (which does not know the tensor). Such a fetch is tried
+    again until the new result is there; only an error TF settled the closure
+    with is raised.
     """
     said = False
     while True:
         try:
             return remote.fetch()
-        except PEER_LOST_ERRORS as e:
+        except tf.errors.OpError as e:
             if tf_compat.remote_value_failure(remote) is not None:
                 raise
             if not said:
