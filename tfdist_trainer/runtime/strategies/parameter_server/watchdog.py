@@ -25,6 +25,7 @@ from absl import logging
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ClusterStalledError
+from tfdist_trainer.runtime.checkpoints.failures import one_line
 
 
 def fetch_result(remote: Any, retry_s: float) -> Any:
@@ -46,11 +47,10 @@ def fetch_result(remote: Any, retry_s: float) -> Any:
             if tf_compat.remote_value_failure(remote) is not None:
                 raise
             if not said:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
                 logging.info(
                     "a step loop's worker went away before its result reached the chief (%s); "
                     "waiting for the coordinator to run it again",
-                    first,
+                    one_line(e),
                 )
                 said = True
             time.sleep(retry_s)
