@@ -187,11 +187,8 @@ def serve(args):
             coordinator.join()
             return float(loss.fetch())
 
-        run.info = {
-            "shards": len(variables),
-            "ps_devices": sorted({v.device for v in variables}),
-            "servers": len(servers),
-        }
+        run.info = {"shards": len(variables), "ps_devices": sorted({v.device for v in variables})}
+        run.servers = servers  # the in-process cluster lives as long as the variant's runner
         return run
 
     _bench.serve_variant(build, args.warmup_steps)
