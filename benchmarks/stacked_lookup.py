@@ -34,7 +34,10 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=1024, help="ids per table per step")
     p.add_argument("--num_ps", type=int, default=2)
     smoke = "--steps=10 --repeats=1 --warmup_steps=3 --tables=3 --rows=500 --dim=4 --batch=32"
-    return _bench.parse(p, argv, smoke)
+    args = _bench.parse(p, argv, smoke)
+    if args.rows < args.num_ps:
+        p.error(f"--rows={args.rows} gives some of the --num_ps={args.num_ps} shards no row")
+    return args
 
 
 def _cluster(num_ps: int):

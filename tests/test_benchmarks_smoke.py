@@ -206,6 +206,18 @@ def test_dynamic_tables_smoke_compares_with_fixed_tables_in_the_same_run(tmp_pat
     assert "x fixed" in stdout
 
 
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--num_ps=0", "--num_ps must be >= 1, got 0"),
+        ("--rows=1", "--rows=1 gives some of the --num_ps=2 shards no row"),
+    ],
+)
+def test_stacked_lookup_refuses_a_cluster_it_cannot_shard(tmp_path, flag, message):
+    proc = run_benchmark("benchmarks.stacked_lookup", str(tmp_path), flag, timeout=60)
+    assert proc.returncode == 2 and message in proc.stdout, proc.stdout
+
+
 def test_stacked_lookup_smoke_updates_the_same_rows_both_ways(tmp_path):
     """One lookup per shard (the library today) against one per ps: the same tables, ids and
     sparse SGD, so the same loss after the same steps; each shard on its own ps."""
