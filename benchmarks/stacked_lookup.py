@@ -10,7 +10,9 @@ ids), then a linear head and a squared loss, and update the tables by plain spar
   stacked_rows  per ps, one tensor of all its shards' ids (and one of their sizes) to the ps and
                 one tensor of rows back, looked up outside the tape; the gradient is taken with
                 respect to those rows (one tensor per ps) and split into each shard's rows on
-                the ps, as TPU embeddings apply theirs
+                the ps, as TPU embeddings apply theirs (the study, written out here)
+  group         the same through the library, as the Trainer's step does it: the tables in one
+                `sharding.EmbeddingGroup`, the gradient taken by `row_gradients.recording`
 
 Each variant runs in its own process on in-process servers (chief, 1 worker, --num_ps ps) with a
 ParameterServerStrategy and its ClusterCoordinator, one closure per step. The process's CPU is
@@ -22,7 +24,7 @@ from __future__ import annotations
 from benchmarks import _bench
 
 NAME = "stacked_lookup"
-VARIANTS = ("per_shard", "stacked_rows")  # the baseline first
+VARIANTS = ("per_shard", "stacked_rows", "group")  # the baseline first
 LEARNING_RATE = 0.01
 ID_BATCHES = 8  # distinct batches of ids, cycled
 
@@ -62,6 +64,18 @@ def _cluster(num_ps: int):
     return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy), servers
 
 
+def _apply_sgd(gradients, variables, head):
+    """Sparse SGD of each shard on its ps (the tables' IndexedSlices), then of the head."""
+    import tensorflow as tf
+
+    for gradient, variable in zip(gradients[:-1], variables):
+        with tf.device(variable.device):
+            variable.scatter_sub(
+                tf.IndexedSlices(LEARNING_RATE * gradient.values, gradient.indices)
+            )
+    head.assign_sub(LEARNING_RATE * gradients[-1])
+
+
 def _per_shard_step(tables, head, variables):
     """Today's path: the tape differentiates each shard's gather."""
     import tensorflow as tf
@@ -70,13 +84,7 @@ def _per_shard_step(tables, head, variables):
         with tf.GradientTape() as tape:
             rows = [table(i) for table, i in zip(tables, ids)]
             loss = tf.reduce_mean(tf.square(tf.matmul(tf.concat(rows, 1), head)))
-        gradients = tape.gradient(loss, variables + [head])
-        for gradient, variable in zip(gradients[:-1], variables):
-            with tf.device(variable.device):
-                variable.scatter_sub(
-                    tf.IndexedSlices(LEARNING_RATE * gradient.values, gradient.indices)
-                )
-        head.assign_sub(LEARNING_RATE * gradients[-1])
+        _apply_sgd(tape.gradient(loss, variables + [head]), variables, head)
         return loss
 
     return step
@@ -144,6 +152,25 @@ def _stacked_rows_step(tables, head):
     return step
 
 
+def _group_step(group, head):
+    """The library's path: an EmbeddingGroup read inside `row_gradients.recording`."""
+    import tensorflow as tf
+
+    from tfdist_trainer import row_gradients, tf_compat
+
+    variables = [v for table in group.tables for v in table.sharded_table.variables]
+
+    def step(ids):
+        with tf.GradientTape() as tape, row_gradients.recording(tape) as recorded:
+            rows = group(ids)
+            loss = tf.reduce_mean(tf.square(tf.matmul(tf.concat(rows, 1), head)))
+        gradients = recorded.gradient(loss, variables + [head])
+        _apply_sgd(gradients, [tf_compat.variable_storage(v) for v in variables], head)
+        return loss
+
+    return step
+
+
 def serve(args):
     def build():
         import tensorflow as tf
@@ -166,9 +193,13 @@ def serve(args):
             head = tf.Variable(
                 tf.random.stateless_normal([args.tables * args.dim, 1], seed=[args.seed, 1]) * 0.1
             )
+            group = sharding.EmbeddingGroup(tables)
+            group.build()
         variables = [v for table in tables for v in table.sharded_table.tf_variables()]
         if args.variant_process == "per_shard":
             step = tf.function(_per_shard_step(tables, head, variables))
+        elif args.variant_process == "group":
+            step = tf.function(_group_step(group, head))
         else:
             step = tf.function(_stacked_rows_step(tables, head))
         pool = [
@@ -202,9 +233,9 @@ def run(args):
         times = v.time(args.steps, args.repeats)
     results = {name: v.result(name, final_loss=v.last[name]) for name in VARIANTS}
     _bench.add_ratios(results, times, "per_shard")
-    stacked = results["stacked_rows"]
+    stacked = results["group"]  # what the library gives a Trainer
     fig = _bench.figure(
-        f"{args.tables} tables x {args.num_ps} shards, stacked per ps, steps/s",
+        f"{args.tables} tables x {args.num_ps} shards in an EmbeddingGroup (one read per ps), steps/s",
         stacked["steps_per_s"],
         "steps/s",
         "per_shard (one lookup per shard, same run)",

@@ -218,24 +218,26 @@ def test_stacked_lookup_refuses_a_cluster_it_cannot_shard(tmp_path, flag, messag
     assert proc.returncode == 2 and message in proc.stdout, proc.stdout
 
 
-def test_stacked_lookup_smoke_updates_the_same_rows_both_ways(tmp_path):
-    """One lookup per shard (the library today) against one per ps: the same tables, ids and
-    sparse SGD, so the same loss after the same steps; each shard on its own ps."""
+def test_stacked_lookup_smoke_updates_the_same_rows_every_way(tmp_path):
+    """One lookup per shard (autodiff at the tables) against one per ps, written out and through
+    the library's EmbeddingGroup: the same tables, ids and sparse SGD, so the same loss after the
+    same steps; each shard on its own ps."""
     out = str(tmp_path / "bench")
     stdout = run_smoke("benchmarks.stacked_lookup", out, timeout=240)
     payload = load(out, "stacked_lookup")
     assert payload["baseline"] == "per_shard"
     results = payload["results"]
-    assert set(results) == {"per_shard", "stacked_rows"}
+    assert set(results) == {"per_shard", "stacked_rows", "group"}
     for result in results.values():
         assert result["shards"] == 6 and result["steps_per_s"] > 0, result
         assert [d.split("/device:")[0] for d in result["ps_devices"]] == [
             "/job:ps/replica:0/task:0",
             "/job:ps/replica:0/task:1",
         ], result
-    assert results["stacked_rows"]["final_loss"] == pytest.approx(
-        results["per_shard"]["final_loss"], rel=1e-5
-    )
+    for variant in ("stacked_rows", "group"):
+        assert results[variant]["final_loss"] == pytest.approx(
+            results["per_shard"]["final_loss"], rel=1e-5
+        )
     (figure,) = check_figures(payload)
-    assert figure["ratio"] == results["stacked_rows"]["speedup_vs_baseline"] > 0
+    assert figure["ratio"] == results["group"]["speedup_vs_baseline"] > 0
     assert "speedup vs per_shard" in stdout

@@ -468,7 +468,7 @@ def _shard_tasks(placement: dict) -> dict[str, set[str]]:
     tasks: dict[str, set[str]] = {}
     for record in placement["variables"]:
         if "_shard_" in record["name"]:
-            table = record["name"].split("/")[0]
+            table = record["name"].split("/")[-2]  # ".../table_0/embeddings_shard_1"
             tasks.setdefault(table, set()).add(record["device"].split("/device:")[0])
     return tasks
 

@@ -222,17 +222,7 @@ class ClickTrainer(Trainer):
                 (len(self.vocab_sizes),), dtype=self.key_dtype, name="categorical"
             )
             wide_terms, deep_terms = [dense_linear(dense_in)], [dense_bottom(dense_in)]
-            stacked = self._stacked_table()(categorical_in) if self.stacked_tables else None
-            for f, (vocab, dim, shards) in enumerate(
-                zip(self.vocab_sizes, self.embedding_dims, self.num_shards)
-            ):
-                ids = categorical_in[:, f]
-                if self.dynamic_capacity is None and self._raw_ids():
-                    ids = BucketHash(vocab, name=f"bucket_hash_{f}")(ids)
-                if stacked is not None:
-                    rows = stacked[:, f]
-                else:
-                    rows = self._table(f, vocab, dim, shards)(ids)
+            for rows in self._feature_rows(categorical_in):
                 wide_terms.append(rows[:, :1])  # the feature's wide (linear) weight
                 deep_terms.append(rows[:, 1:])  # its deep embedding
             x = keras.layers.Concatenate(name="deep_concat")(deep_terms)
@@ -246,11 +236,37 @@ class ClickTrainer(Trainer):
         self._report_placement(model)
         return model
 
-    def _table(self, f: int, vocab: int, dim: int, shards: int | None) -> keras.layers.Layer:
-        """Feature f's table: fixed rows (ids < vocab), or dynamic (any int64 id or string is a key)."""
-        initializer = keras.initializers.RandomUniform(-0.01, 0.01)
+    def _feature_rows(self, categorical: Any) -> list:
+        """Each feature's row [wide weight, deep embedding] for the categorical input."""
+        count = len(self.vocab_sizes)
+        if self.stacked_tables:
+            stacked = self._stacked_table()(categorical)
+            return [stacked[:, f] for f in range(count)]
+        ids = [categorical[:, f] for f in range(count)]
         if self.dynamic_capacity is not None:
-            return self._dynamic_table(dim, self.dynamic_capacity[f], shards, name=f"table_{f}")
+            return [
+                self._dynamic_table(dim, capacity, shards, name=f"table_{f}")(i)
+                for f, (i, dim, capacity, shards) in enumerate(
+                    zip(ids, self.embedding_dims, self.dynamic_capacity, self.num_shards)
+                )
+            ]
+        if self._raw_ids():
+            ids = [
+                BucketHash(v, name=f"bucket_hash_{f}")(i)
+                for f, (v, i) in enumerate(zip(self.vocab_sizes, ids))
+            ]
+        # One group: under parameter_server one read per ps task for all the tables (EmbeddingGroup).
+        tables = [
+            self._table(f, vocab, dim, shards)
+            for f, (vocab, dim, shards) in enumerate(
+                zip(self.vocab_sizes, self.embedding_dims, self.num_shards)
+            )
+        ]
+        return sharding.EmbeddingGroup(tables, name="tables")(ids)
+
+    def _table(self, f: int, vocab: int, dim: int, shards: int | None) -> keras.layers.Layer:
+        """Feature f's table of fixed rows (ids < vocab)."""
+        initializer = keras.initializers.RandomUniform(-0.01, 0.01)
         return sharding.ShardedEmbedding(
             vocab,
             1 + dim,

@@ -16,7 +16,11 @@ One concept a module:
 - checkpoint.py: a table saved as slices of one logical [vocab, dim] tensor,
   so a checkpoint restores into any number of shards, ps tasks and either
   partition strategy.
-- sharded_layer.py, embedding.py, softmax.py: the layers.
+- grouped_lookup.py: `lookup_together(weights, ids)`, many tables read with one
+  transfer per ps task each way inside the Trainer's step (their gradient taken at
+  the rows read, `tfdist_trainer.row_gradients`).
+- sharded_layer.py, embedding.py (`ShardedEmbedding`, and `EmbeddingGroup`: several
+  tables in one call), softmax.py: the layers.
 - dynamic_keys.py, dynamic_table.py (a shard's step), dynamic_eviction.py (LFU and
   age), dynamic_shard_state.py + dynamic_checkpoint.py (checkpoints by key),
   dynamic_embedding.py: `DynamicEmbedding`,
@@ -35,7 +39,8 @@ One concept a module:
 """
 
 from tfdist_trainer.sharding.dynamic_embedding import DynamicEmbedding, dynamic_table_stats
-from tfdist_trainer.sharding.embedding import ShardedEmbedding
+from tfdist_trainer.sharding.embedding import EmbeddingGroup, ShardedEmbedding
+from tfdist_trainer.sharding.grouped_lookup import lookup_together
 from tfdist_trainer.sharding.keras_rs import from_keras_rs
 from tfdist_trainer.sharding.layout import PARTITION_STRATEGIES, ShardLayout
 from tfdist_trainer.sharding.optimizers import (
@@ -62,6 +67,7 @@ from tfdist_trainer.sharding.weight import ShardedWeight
 __all__ = [
     "PARTITION_STRATEGIES",
     "DynamicEmbedding",
+    "EmbeddingGroup",
     "SGD",
     "PlacementLedger",
     "ReshardableOptimizerMixin",
@@ -73,6 +79,7 @@ __all__ = [
     "SparseAdagrad",
     "dynamic_table_stats",
     "from_keras_rs",
+    "lookup_together",
     "placement_ledger",
     "placement_records",
     "placement_table",

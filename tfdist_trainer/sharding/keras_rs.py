@@ -44,8 +44,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.sharding.embedding import ShardedEmbedding
+from tfdist_trainer.sharding.grouped_lookup import lookup_together
 
 COMBINERS = ("sum", "mean", "sqrtn")
 #: keras-rs placements served here: both mean "the devices of the model", which are the ps tasks.
@@ -200,10 +202,11 @@ def _optimizer_name(optimizer: Any) -> str:
 class KerasRsEmbedding(keras.layers.Layer):
     """keras-rs features looked up in self-sharding tables; made by `from_keras_rs`.
 
-    One `ShardedEmbedding` per distinct `TableConfig` (named after it), one
-    gather per shard per table and call: the ids of every feature sharing a
-    table are looked up together, then each feature is reduced by its table's
-    combiner.
+    One `ShardedEmbedding` per distinct `TableConfig` (named after it). The ids
+    of every feature sharing a table are looked up together, and all tables in
+    one `lookup_together` (inside the Trainer's step under parameter_server: one
+    read per ps task; elsewhere one gather per shard); then each feature is
+    reduced by its table's combiner.
     """
 
     def __init__(
@@ -231,6 +234,8 @@ class KerasRsEmbedding(keras.layers.Layer):
             )
             for table in features.tables
         ]
+        # Saved in checkpoints, each under its TableConfig's name (a list alone is not, in Keras 3).
+        tf_compat.track_sublayers(self, self.tables)
 
     def build(self, input_shapes=None):
         if input_shapes is not None:
@@ -277,13 +282,22 @@ class KerasRsEmbedding(keras.layers.Layer):
         return keras.tree.pack_sequence_as(self.features.structure, outputs)
 
     def _lookup(self, ids: list) -> list[tf.Tensor]:
-        """The rows of every feature's flat ids, one table call for all the features of a table."""
+        """The rows of every feature's flat ids: the features of a table together, all tables in
+        one `lookup_together` (one read per ps task inside the Trainer's step)."""
         flat = [_flat_ids(x) for x in ids]
+        owned = [
+            [i for i, owner in enumerate(self.features.table_of) if owner == t]
+            for t in range(len(self.tables))
+        ]
+        together = lookup_together(
+            [table.sharded_table for table in self.tables],
+            [tf.concat([flat[i] for i in mine], 0) for mine in owned],
+            unique=[table.unique for table in self.tables],
+        )
         rows: list[Any] = [None] * len(ids)
-        for t, table in enumerate(self.tables):
-            mine = [i for i, owner in enumerate(self.features.table_of) if owner == t]
-            together = table(tf.concat([flat[i] for i in mine], 0))
-            for i, part in zip(mine, tf.split(together, [tf.size(flat[i]) for i in mine])):
+        for table, mine, table_rows in zip(self.tables, owned, together):
+            table_rows = tf.cast(table_rows, table.compute_dtype)
+            for i, part in zip(mine, tf.split(table_rows, [tf.size(flat[i]) for i in mine])):
                 rows[i] = part
         return rows
 

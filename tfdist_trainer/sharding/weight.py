@@ -107,6 +107,35 @@ class ShardedWeight:
         """The stored shard variables (inside a mixed-precision call Keras' `value` is a float16 copy)."""
         return [tf_compat.variable_storage(v) for v in self.variables]
 
+    def flat_ids(self, ids: tf.Tensor, validate: bool = True) -> tf.Tensor:
+        """`ids` (any integer shape) as one int64 vector, checked to be rows of the table."""
+        ids = tf.convert_to_tensor(ids)
+        if not ids.dtype.is_integer:
+            raise TypeError(f"{self.key}: ids must be integers, got {ids.dtype}.")
+        flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
+        if not validate:
+            return flat
+        vocab = self.layout.vocab
+        with tf.control_dependencies(
+            [
+                tf.debugging.assert_non_negative(flat, message=f"{self.key}: ids must be >= 0"),
+                tf.debugging.assert_less(
+                    flat,
+                    tf.constant(vocab, tf.int64),
+                    message=f"{self.key}: ids must be < {vocab} (the rows)",
+                ),
+            ]
+        ):
+            return tf.identity(flat)
+
+    def by_shard(self, flat: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+        """For each shard: the positions in `flat` of its ids, and their rows within the shard."""
+        shard, local = self.layout.assign(flat)
+        shard = tf.cast(shard, tf.int32)
+        n = self.layout.num_shards
+        positions = tf.dynamic_partition(tf.range(tf.size(flat)), shard, n)
+        return positions, tf.dynamic_partition(local, shard, n)
+
     def gather(
         self,
         ids: tf.Tensor,
@@ -126,25 +155,9 @@ class ShardedWeight:
         ("Shape mismatch in the collective instance"; TF 2.21).
         """
         ids = tf.convert_to_tensor(ids)
-        if not ids.dtype.is_integer:
-            raise TypeError(f"{self.key}: ids must be integers, got {ids.dtype}.")
         if fixed_size is None:
             fixed_size = _synchronous_replicas() > 1
-        ids = tf.cast(ids, tf.int64)
-        flat = tf.reshape(ids, [-1])
-        if validate:
-            vocab = self.layout.vocab
-            with tf.control_dependencies(
-                [
-                    tf.debugging.assert_non_negative(flat, message=f"{self.key}: ids must be >= 0"),
-                    tf.debugging.assert_less(
-                        flat,
-                        tf.constant(vocab, tf.int64),
-                        message=f"{self.key}: ids must be < {vocab} (the rows)",
-                    ),
-                ]
-            ):
-                flat = tf.identity(flat)
+        flat = self.flat_ids(ids, validate)
         unique = unique and not fixed_size
         if unique:
             flat, restore = tf.unique(flat)
@@ -162,11 +175,7 @@ class ShardedWeight:
                 part = tf.where(mine[:, None], gathered, tf.zeros_like(gathered))
                 rows = part if rows is None else rows + part
         else:
-            shard, local = self.layout.assign(flat)
-            shard = tf.cast(shard, tf.int32)
-            positions = tf.range(tf.size(flat))
-            local_parts = tf.dynamic_partition(local, shard, len(variables))
-            position_parts = tf.dynamic_partition(positions, shard, len(variables))
+            position_parts, local_parts = self.by_shard(flat)
             parts = [tf_compat.sparse_read(v, p) for v, p in zip(variables, local_parts)]
             rows = tf.dynamic_stitch(position_parts, parts)
         if unique:

@@ -27,6 +27,7 @@ from tfdist_trainer.tf_compat.checkpoints import (
     export_archive_of,
     saveable_classes,
     sliced_tensor_trackable,
+    track_sublayers,
     trackable_base,
 )
 from tfdist_trainer.tf_compat.compiled_models import (
@@ -105,6 +106,7 @@ __all__ = [
     "stored_dtype",
     "sublayers",
     "tensors_trackable",
+    "track_sublayers",
     "trackable_base",
     "variable_storage",
     "wait_at_barrier",

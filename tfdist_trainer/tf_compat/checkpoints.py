@@ -120,6 +120,19 @@ class ReplacesCheckpointChildren:
         return children
 
 
+def track_sublayers(owner: Any, layers: Any) -> None:
+    """Makes each of `layers` a checkpoint child of the Keras layer `owner`, under the layer's name.
+
+    Keras 3 keeps a list attribute of sublayers (``self.tables = [...]``) in its own
+    `TrackedList`, which is not a TF Trackable: `tf.train.Checkpoint` then saves none of
+    those sublayers' weights (Keras 3.15, TF 2.21; `model.save` finds them, a checkpoint
+    does not). `Trackable._track_trackable` is the private hook `AutoTrackable` itself
+    uses for an attribute; there is no public way to add a dependency.
+    """
+    for layer in layers:
+        owner._track_trackable(layer, name=layer.name, overwrite=True)  # noqa: SLF001
+
+
 def export_archive_of(model: Any) -> Any:
     """A `keras.export.ExportArchive` serving `model`'s call as ``serve``, each weight saved once.
 

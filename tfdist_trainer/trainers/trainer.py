@@ -21,6 +21,7 @@ import gin
 import keras
 import tensorflow as tf
 
+from tfdist_trainer import row_gradients
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.plan.task import TaskContext
 from tfdist_trainer.trainers import clipping, compiled
@@ -123,12 +124,14 @@ class Trainer:
         the loss the optimizer scales (mixed_float16); `apply_gradients` unscales them.
         """
         features, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        with tf.GradientTape() as tape:
+        # Sharded tables under parameter_server are differentiated at the rows they read, one
+        # gradient per ps task (tfdist_trainer.row_gradients); everything else as by the tape.
+        with tf.GradientTape() as tape, row_gradients.recording(tape) as rows:
             predictions = self.model(features, training=True)
             loss = self.step_loss(features, labels, predictions, sample_weight)
             # Identity unless mixed_float16 wrapped the optimizer in a LossScaleOptimizer.
             scaled_loss = self.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled_loss, self.model.trainable_variables)
+        gradients = rows.gradient(scaled_loss, self.model.trainable_variables)
         self.update_metrics(self.train_metrics, labels, predictions, sample_weight)
         return loss, gradients
 

@@ -17,16 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-
-def _add(a: Any, b: Any) -> Any:
-    """Sum of two gradients of one variable (IndexedSlices stay sparse: their rows concatenated)."""
-    if a is None or b is None:
-        return b if a is None else a
-    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
-        return tf.IndexedSlices(
-            tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0), a.dense_shape
-        )
-    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+from tfdist_trainer.row_gradients import add
 
 
 def _divide(gradient: Any, k: int) -> Any:
@@ -52,7 +43,7 @@ def accumulating_step(
             summed = (
                 list(gradients)
                 if summed is None
-                else [_add(a, b) for a, b in zip(summed, gradients)]
+                else [add(a, b) for a, b in zip(summed, gradients)]
             )
         apply_gradients([_divide(g, k) for g in summed])
         return total_loss / k
