@@ -7,6 +7,8 @@ The Trainer's `compute_gradients` must give the same gradients as a plain tape o
 table without `unique`, a frozen table, a table used both inside the group and on its own; and a
 keras-rs model bridged by `from_keras_rs`, whose features share a table and are combined), its
 traced step must read and split the rows on the ps tasks, and `train_step` must train with them.
+A checkpoint holds every table, and under the parameter_server runtime each update reads the
+learning rate once (Keras reads it once per variable: one transfer from its ps each).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import keras_rs
 
 from tfdist_trainer import Trainer, sharding
 from tfdist_trainer.launch.ports import pick_port
+from tfdist_trainer.plan.strategies.parameter_server import ParameterServer
 from tfdist_trainer.runtime.state import build_state
+from tfdist_trainer.runtime.strategies.parameter_server import ParameterServerRuntime
 
 jobs = {"chief": 1, "worker": 1, "ps": 2}
 spec = tf.train.ClusterSpec(
@@ -37,6 +41,8 @@ resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
 strategy = tf.distribute.ParameterServerStrategy(resolver)
 SCRATCH = tempfile.mkdtemp()
 coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+# The chief's runtime, as tfdist-train builds it (its state_built adjusts the optimizer).
+runtime = ParameterServerRuntime(ParameterServer(), strategy, coordinator=coordinator)
 
 def init(seed):
     return keras.initializers.RandomNormal(seed=seed)
@@ -94,7 +100,7 @@ def dense(gradients):
 
 def check(trainer_cls):
     trainer = trainer_cls(global_batch_size=3)
-    build_state(trainer, strategy)
+    build_state(trainer, strategy, runtime=runtime)
     variables = trainer.model.trainable_variables
 
     def reference():  # a plain tape over the same model: each table differentiated as a variable
@@ -113,6 +119,12 @@ def check(trainer_cls):
     graph = library.get_concrete_function().graph
     splits = sorted({op.device.split("/device:")[0] for op in graph.get_operations()
                      if op.type == "SplitV" and "/job:ps" in op.device})
+    # The learning rate (a variable on one ps) is read once for all the updates, not once each.
+    learning_rate = trainer.optimizer._learning_rate.value.handle
+    step_graph = on_replica(lambda: trainer.train_step((features, labels))).get_concrete_function().graph
+    inner = {id(e): i for e, i in step_graph.captures}
+    lr_reads = sum(op.type == "ReadVariableOp" and op.inputs[0] is inner.get(id(learning_rate))
+                   for op in step_graph.get_operations())
     frozen = [v for v in trainer.model.non_trainable_variables if "_shard_" in v.path]
     before = [v.numpy().copy() for v in frozen]
     step = on_replica(lambda: trainer.train_step((features, labels)))
@@ -125,6 +137,7 @@ def check(trainer_cls):
     restored = [np.array_equal(a.numpy(), b.numpy())
                 for a, b in zip(trainer.model.weights, fresh.model.weights)]
     return {
+        "lr_reads": lr_reads,
         "restored": sum(restored),
         "weights": len(restored),
         "shard_devices": sorted({v.value.device.split("/device:")[0] for v in variables
@@ -160,6 +173,11 @@ def test_the_trainer_differentiates_grouped_tables_at_their_rows_exactly(result)
     assert group["worst"] < 1e-6, group
     # The rows were read and their gradient split on each ps task, not on the worker.
     assert group["ps_splits"] == PS_TASKS, group
+
+
+def test_each_update_reads_the_learning_rate_once_for_every_variable(result):
+    for model in ("group", "keras_rs"):
+        assert result[model]["lr_reads"] == 1, result[model]
 
 
 def test_training_with_row_gradients_lowers_the_loss_and_leaves_frozen_tables(result):

@@ -52,6 +52,7 @@ from tfdist_trainer.tf_compat.keras_optimizers import (
     make_metric_updates_atomic,
     optimizer_model_variables,
     optimizer_scalar_children,
+    read_learning_rate_once,
     replace_gradient_all_reduce,
 )
 from tfdist_trainer.tf_compat.keras_variables import (
@@ -95,6 +96,7 @@ __all__ = [
     "optimizer_scalar_children",
     "recreate_variable_storage",
     "remote_value_failure",
+    "read_learning_rate_once",
     "replace_gradient_all_reduce",
     "save_stand_ins",
     "saveable_classes",

@@ -88,6 +88,12 @@ class ParameterServerRuntime(StrategyRuntime):
         """Workers update the metrics concurrently: each update is made atomic."""
         tf_compat.make_metric_updates_atomic(metrics)
 
+    def state_built(self, trainer: Any) -> None:
+        """Each update reads the learning rate once for all the variables, each on its own ps
+        (Keras reads it once per variable: one transfer each)."""
+        if getattr(trainer, "optimizer", None) is not None:
+            tf_compat.read_learning_rate_once(trainer.optimizer)
+
     def answers_ps_save_requests(self, cluster: ClusterConfig) -> bool:
         """The chief saves the variables a preempted ps holds before that ps exits."""
         return self.schedules and cluster.is_chief
