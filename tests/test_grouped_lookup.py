@@ -55,7 +55,8 @@ class GroupTrainer(Trainer):
                                          name="wide")
         tables = [
             wide,
-            sharding.ShardedEmbedding(7, 4, num_shards=1, embeddings_initializer=init(1),
+            # another width: stacked apart from the others on its ps
+            sharding.ShardedEmbedding(7, 6, num_shards=1, embeddings_initializer=init(1),
                                       name="single"),
             sharding.ShardedEmbedding(30, 4, partition_strategy="mod", unique=False,
                                       embeddings_initializer=init(2), name="mod"),
@@ -77,12 +78,12 @@ class KerasRsTrainer(GroupTrainer):
     def build_model(self):
         shared = keras_rs.layers.TableConfig(name="shared", vocabulary_size=4000, embedding_dim=4,
                                              combiner="mean", initializer=init(4))
-        own = keras_rs.layers.TableConfig(name="own", vocabulary_size=9, embedding_dim=4,
+        own = keras_rs.layers.TableConfig(name="own", vocabulary_size=9, embedding_dim=6,
                                           initializer=init(5))
         features = {
             "a": keras_rs.layers.FeatureConfig("a", shared, (None, 3), (None, 4)),
             "b": keras_rs.layers.FeatureConfig("b", shared, (None, 2), (None, 4)),
-            "c": keras_rs.layers.FeatureConfig("c", own, (None,), (None, 4)),
+            "c": keras_rs.layers.FeatureConfig("c", own, (None,), (None, 6)),
         }
         a = keras.Input((3,), dtype="int64", name="a")
         b = keras.Input((2,), dtype="int64", name="b")

@@ -46,7 +46,7 @@ def lookup_together(
     if stacked:
         tables = {t: _TableIds(weights[t], ids[t], uniques[t]) for t in stacked}
         parts: dict[int, list] = {t: [None] * weights[t].layout.num_shards for t in stacked}
-        for device, members in _shards_by_device(weights, stacked).items():
+        for (device, _, _), members in _shards_by_device(weights, stacked).items():
             read = _read_on(
                 recorder, device, [(weights[t], s, tables[t].local[s]) for t, s in members]
             )
@@ -86,12 +86,17 @@ class _TableIds:
 
 def _shards_by_device(
     weights: Sequence[ShardedWeight], tables: Sequence[int]
-) -> dict[str, list[tuple[int, int]]]:
-    """ps device -> the (table, shard) pairs it holds, in table order; devices sorted."""
-    members: dict[str, list[tuple[int, int]]] = {}
+) -> dict[tuple[str, int, str], list[tuple[int, int]]]:
+    """(ps device, row width, dtype) -> the (table, shard) pairs there, in table order; sorted.
+
+    Rows are stacked into one tensor per ps and per width and dtype (tables of several
+    widths on one ps are one read per width).
+    """
+    members: dict[tuple[str, int, str], list[tuple[int, int]]] = {}
     for t in tables:
         for s, variable in enumerate(weights[t].tf_variables()):
-            members.setdefault(variable.device, []).append((t, s))
+            key = (variable.device, weights[t].dim, variable.dtype.name)
+            members.setdefault(key, []).append((t, s))
     return dict(sorted(members.items()))
 
 
