@@ -122,6 +122,10 @@ class Trainer:
 
         Updates the train metrics with the batch's predictions. The gradients are of
         the loss the optimizer scales (mixed_float16); `apply_gradients` unscales them.
+        Under parameter_server, sharded tables looked up together (`sharding.EmbeddingGroup`,
+        `from_keras_rs`) are differentiated at the rows they read, one transfer per ps task
+        (`tfdist_trainer.row_gradients`); an override with a tape of its own gets the same
+        gradients, one transfer per shard.
         """
         features, labels, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
         # Sharded tables under parameter_server are differentiated at the rows they read, one
