@@ -44,8 +44,15 @@ def _overrides(obj: Any, base: type, name: str) -> bool:
     return getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
+@tf.autograph.experimental.do_not_convert
 def uses_compiled_loss(trainer: Trainer) -> bool:
-    """Whether the step loss comes from the model's compile (Trainer.compute_loss not overridden)."""
+    """Whether the step loss comes from the model's compile (Trainer.compute_loss not overridden).
+
+    A Python decision, taken while a step is traced: nothing for AutoGraph to convert. One
+    loaded test run failed inside AutoGraph's conversion of it and of `Trainer.overrides`
+    ("type object 'GPT2LMTrainer' has no attribute 'model'", from the class's `eval_step`);
+    it did not recur in isolation.
+    """
     return not trainer.overrides("compute_loss") and is_compiled(trainer.model)
 
 

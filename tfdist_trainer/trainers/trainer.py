@@ -170,6 +170,7 @@ class Trainer:
 
     # -- helpers for subclasses ---------------------------------------------
     @classmethod
+    @tf.autograph.experimental.do_not_convert  # a Python decision, asked while steps are traced
     def overrides(cls, name: str) -> bool:
         """Whether this subclass replaces `Trainer.<name>` (the defaults defer to a compiled model)."""
         return getattr(cls, name, None) is not getattr(Trainer, name, None)
