@@ -126,6 +126,22 @@ def check(trainer_cls):
     inner = {id(e): i for e, i in step_graph.captures}
     lr_reads = sum(op.type == "ReadVariableOp" and op.inputs[0] is inner.get(id(learning_rate))
                    for op in step_graph.get_operations())
+    # An id outside its table fails the step, naming the table and its bound.
+    errors = []
+    for column, bad in ((2, 60), (0, -3)):  # "a" is looked up in "wide" (50 rows)
+        broken = dict(features)
+        broken["a"] = tf.tensor_scatter_nd_update(features["a"], [[1, column]], [bad * 100])
+        try:
+            coordinator.schedule(
+                on_replica(lambda broken=broken: dense(trainer.compute_gradients((broken, labels))[1]))
+            ).fetch()
+            errors.append("no error")
+        except tf.errors.InvalidArgumentError as e:
+            errors.append(e.message)
+            try:  # the coordinator raises a failed closure's error once more, at the next call
+                coordinator.join()
+            except tf.errors.InvalidArgumentError:
+                pass
     frozen = [v for v in trainer.model.non_trainable_variables if "_shard_" in v.path]
     before = [v.numpy().copy() for v in frozen]
     step = on_replica(lambda: trainer.train_step((features, labels)))
@@ -139,6 +155,7 @@ def check(trainer_cls):
                 for a, b in zip(trainer.model.weights, fresh.model.weights)]
     return {
         "lr_reads": lr_reads,
+        "errors": errors,
         "restored": sum(restored),
         "weights": len(restored),
         "shard_devices": sorted({v.value.device.split("/device:")[0] for v in variables
@@ -174,6 +191,14 @@ def test_the_trainer_differentiates_grouped_tables_at_their_rows_exactly(result)
     assert group["worst"] < 1e-6, group
     # The rows were read and their gradient split on each ps task, not on the worker.
     assert group["ps_splits"] == PS_TASKS, group
+
+
+def test_an_id_outside_its_table_fails_the_step_naming_the_table_and_bound(result):
+    too_large, negative = result["group"]["errors"]
+    assert "assertion failed: [wide/embeddings: ids must be < 50 (the rows)]" in too_large, (
+        too_large
+    )
+    assert "assertion failed: [wide/embeddings: ids must be >= 0" in negative, negative
 
 
 def test_each_update_reads_the_learning_rate_once_for_every_variable(result):
