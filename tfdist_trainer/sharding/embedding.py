@@ -110,7 +110,7 @@ class EmbeddingGroup(keras.layers.Layer):
 
     Under parameter_server the Trainer's step then reads all the rows one ps task
     holds, of every table, in one transfer, and sends their gradient back in one
-    (`lookup_together`): for many tables this is the fast layout (1.4x steps/s for 26
+    (`lookup_together`): for many tables this is the fast layout (1.35x steps/s for 26
     tables on 2 ps, `benchmarks/stacked_lookup.py`). Elsewhere it is the tables
     called one by one. Each table keeps its own name, shards, placement and
     checkpoint; the group only calls them together.
