@@ -44,7 +44,7 @@ def lookup_together(
         if t not in stacked:
             rows[t] = weight.gather(table_ids, unique=uniques[t])
     if stacked:
-        tables = {t: _TableIds(weights[t], ids[t], uniques[t]) for t in stacked}
+        tables = {t: weights[t].split_ids(ids[t], uniques[t]) for t in stacked}
         parts: dict[int, list] = {t: [None] * weights[t].layout.num_shards for t in stacked}
         for (device, _, _), members in _shards_by_device(weights, stacked).items():
             read = _read_on(
@@ -63,25 +63,6 @@ def _stackable(weight: ShardedWeight) -> bool:
         v.trainable and "/job:ps" in (tf_compat.variable_storage(v).device or "")
         for v in weight.variables
     )
-
-
-class _TableIds:
-    """One table's ids: distinct, split by shard on the worker, and how to put its rows back."""
-
-    def __init__(self, weight: ShardedWeight, ids: tf.Tensor, unique: bool):
-        ids = tf.convert_to_tensor(ids)
-        self.shape, self.dim = tf.shape(ids), weight.dim
-        flat = weight.flat_ids(ids)
-        self.restore = None
-        if unique:
-            flat, self.restore = tf.unique(flat)
-        self.positions, self.local = weight.by_shard(flat)
-
-    def rows(self, parts: list[tf.Tensor]) -> tf.Tensor:
-        rows = tf.dynamic_stitch(self.positions, parts)
-        if self.restore is not None:
-            rows = tf.gather(rows, self.restore)
-        return tf.reshape(rows, tf.concat([self.shape, [self.dim]], 0))
 
 
 def _shards_by_device(

@@ -128,13 +128,9 @@ class ShardedWeight:
         ):
             return tf.identity(flat)
 
-    def by_shard(self, flat: tf.Tensor) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-        """For each shard: the positions in `flat` of its ids, and their rows within the shard."""
-        shard, local = self.layout.assign(flat)
-        shard = tf.cast(shard, tf.int32)
-        n = self.layout.num_shards
-        positions = tf.dynamic_partition(tf.range(tf.size(flat)), shard, n)
-        return positions, tf.dynamic_partition(local, shard, n)
+    def split_ids(self, ids: tf.Tensor, unique: bool = True, validate: bool = True) -> ShardIds:
+        """`ids` (any shape) split by shard: what each shard reads, and how its rows go back."""
+        return ShardIds(self, ids, unique, validate)
 
     def gather(
         self,
@@ -154,30 +150,50 @@ class ShardedWeight:
         `tf.while_loop` (the Trainer's step loop) when their sizes change
         ("Shape mismatch in the collective instance"; TF 2.21).
         """
-        ids = tf.convert_to_tensor(ids)
         if fixed_size is None:
             fixed_size = _synchronous_replicas() > 1
-        flat = self.flat_ids(ids, validate)
-        unique = unique and not fixed_size
-        if unique:
-            flat, restore = tf.unique(flat)
         variables = self.tf_variables()
-        if len(variables) == 1:
-            rows = tf_compat.sparse_read(variables[0], flat)
-        elif fixed_size:
-            shard, local = self.layout.assign(flat)
-            rows = None
-            for i, variable in enumerate(variables):
-                mine = tf.equal(shard, i)
-                gathered = tf_compat.sparse_read(
-                    variable, tf.where(mine, local, tf.zeros_like(local))
-                )
-                part = tf.where(mine[:, None], gathered, tf.zeros_like(gathered))
-                rows = part if rows is None else rows + part
-        else:
-            position_parts, local_parts = self.by_shard(flat)
-            parts = [tf_compat.sparse_read(v, p) for v, p in zip(variables, local_parts)]
-            rows = tf.dynamic_stitch(position_parts, parts)
-        if unique:
-            rows = tf.gather(rows, restore)
+        if not fixed_size or len(variables) == 1:
+            split = self.split_ids(ids, unique and not fixed_size, validate)
+            return split.rows([tf_compat.sparse_read(v, p) for v, p in zip(variables, split.local)])
+        ids = tf.convert_to_tensor(ids)
+        shard, local = self.layout.assign(self.flat_ids(ids, validate))
+        rows = None
+        for i, variable in enumerate(variables):
+            mine = tf.equal(shard, i)
+            gathered = tf_compat.sparse_read(variable, tf.where(mine, local, tf.zeros_like(local)))
+            part = tf.where(mine[:, None], gathered, tf.zeros_like(gathered))
+            rows = part if rows is None else rows + part
         return tf.reshape(rows, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+
+class ShardIds:
+    """One batch of a table's ids split by shard: `local[i]`, the rows shard i reads, and `rows`,
+    which puts the shards' rows back in the order and shape of the ids.
+
+    With `unique`, each distinct id is read once. A one-shard table reads its ids as they are
+    (no partition, no stitch).
+    """
+
+    def __init__(self, weight: ShardedWeight, ids: tf.Tensor, unique: bool, validate: bool):
+        ids = tf.convert_to_tensor(ids)
+        self.shape, self.dim = tf.shape(ids), weight.dim
+        flat = weight.flat_ids(ids, validate)
+        self.restore = None
+        if unique:
+            flat, self.restore = tf.unique(flat)
+        n = weight.layout.num_shards
+        if n == 1:
+            self.positions, self.local = None, [flat]
+            return
+        shard, local = weight.layout.assign(flat)
+        shard = tf.cast(shard, tf.int32)
+        self.positions = tf.dynamic_partition(tf.range(tf.size(flat)), shard, n)
+        self.local = tf.dynamic_partition(local, shard, n)
+
+    def rows(self, parts: list[tf.Tensor]) -> tf.Tensor:
+        """The ids' rows ([*ids.shape, dim]) from each shard's rows for `local`."""
+        rows = parts[0] if self.positions is None else tf.dynamic_stitch(self.positions, parts)
+        if self.restore is not None:
+            rows = tf.gather(rows, self.restore)
+        return tf.reshape(rows, tf.concat([self.shape, [self.dim]], 0))
