@@ -55,6 +55,12 @@ def adagrad_accumulator(optimizer: Any, variable: Any) -> Any:
     return optimizer._accumulators[optimizer._get_variable_index(variable)]  # noqa: SLF001
 
 
+def _with_inner(optimizer: Any) -> list:
+    """The optimizer, and a loss-scale optimizer's inner one (whose `apply` does the work)."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return [optimizer] if inner is None else [optimizer, inner]
+
+
 def replace_gradient_all_reduce(optimizer: Any, all_reduce: Callable[[Any, list], list]) -> None:
     """Makes the Keras 3 optimizer (and a loss-scale optimizer's inner one) sum the replicas'
     gradients with `all_reduce(replica_context, gradients)` instead of one `all_reduce` call.
@@ -77,9 +83,8 @@ def replace_gradient_all_reduce(optimizer: Any, all_reduce: Callable[[Any, list]
             result[i] = (g, grads_and_vars[i][1])
         return result
 
-    for target in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        if target is not None:
-            target._all_reduce_sum_gradients = all_reduce_sum_gradients  # noqa: SLF001
+    for target in _with_inner(optimizer):
+        target._all_reduce_sum_gradients = all_reduce_sum_gradients  # noqa: SLF001
 
 
 def read_learning_rate_once(optimizer: Any) -> None:
@@ -96,9 +101,7 @@ def read_learning_rate_once(optimizer: Any) -> None:
     """
     import tensorflow as tf
 
-    for target in (optimizer, getattr(optimizer, "inner_optimizer", None)):
-        if target is None:
-            continue
+    for target in _with_inner(optimizer):
         update = target._backend_update_step  # noqa: SLF001
 
         def update_with_one_read(grads, variables, learning_rate, update=update):
