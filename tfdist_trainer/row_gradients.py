@@ -6,7 +6,7 @@ indices) back from the worker: for the click model's 26 tables on 2 ps, about 16
 transfers a step. A lookup that reads all the rows one ps holds in one tensor can
 instead be differentiated at that tensor: one gradient transfer per ps, split
 into each shard's `tf.IndexedSlices` on the ps itself (as TPU embeddings apply
-theirs). `benchmarks/stacked_lookup.py` measures it: 1.38-1.43x steps/s, 35 -> 23 ms
+theirs). `benchmarks/stacked_lookup.py` measures it (`group`): 1.35x steps/s, 36 -> 24 ms
 of cluster CPU a step, the same loss.
 
 Two sides meet here, neither knowing the other:
