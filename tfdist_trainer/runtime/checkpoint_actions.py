@@ -63,7 +63,7 @@ def read_checked(checkpoint: tf.train.Checkpoint, prefix: str, what: str) -> Non
         status.assert_existing_objects_matched()
         status.expect_partial()
     except AssertionError as e:
-        raise checkpoints.model_mismatch(prefix, e, what) from None
+        raise checkpoints.model_mismatch(prefix, e, what, checkpoint) from None
     except (ValueError, tf.errors.InvalidArgumentError) as e:
         first = str(e).strip().splitlines()[0][:200]
         raise ConfigError(

@@ -76,11 +76,14 @@ def unreadable_reason(error: BaseException) -> str | None:
     return None
 
 
-def model_mismatch(prefix: str, error: AssertionError, what: str) -> ConfigError:
-    """One sentence for a checkpoint that is not of this model (TensorFlow's AssertionError lists the
-    model's objects it holds no values for): tables of the other kind by name, else the first line."""
+def model_mismatch(
+    prefix: str, error: AssertionError, what: str, restoring: tf.train.Checkpoint
+) -> ConfigError:
+    """One sentence for a checkpoint that is not of this model (`restoring`, the checkpoint object
+    that failed; TensorFlow's AssertionError lists some of the model's objects it holds no values
+    for): tables of the other kind by name, else the error's first line."""
     text = str(error).strip()
-    specific = table_kind_mismatch(prefix, text)
+    specific = table_kind_mismatch(prefix, restoring)
     if specific:
         return ConfigError(specific)
     first = text.splitlines()[0][:200] if text else type(error).__name__

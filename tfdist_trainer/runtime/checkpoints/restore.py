@@ -111,12 +111,14 @@ def _read(checkpoint: tf.train.Checkpoint, prefix: str) -> str | None:
             checkpoint.restore(prefix).assert_existing_objects_matched()
             restore_tables(prefix)
     except AssertionError as e:
-        raise model_mismatch(prefix, e, "this model") from None
+        raise model_mismatch(prefix, e, "this model", checkpoint) from None
     except tf.errors.InvalidArgumentError as e:
         if "does not match the shape stored in checkpoint" not in str(e):
             raise
         # A table of another size: the model's, not the files' fault.
-        raise model_mismatch(prefix, AssertionError(one_line(e)), "this model") from None
+        raise model_mismatch(
+            prefix, AssertionError(one_line(e)), "this model", checkpoint
+        ) from None
     except (IndexError, tf.errors.OpError) as e:
         reason = unreadable_reason(e)
         if reason is None:
