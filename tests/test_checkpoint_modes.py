@@ -114,3 +114,18 @@ def test_a_checkpoint_of_another_model_is_one_sentence(trained):
         train_cmd(*mnist(trained, "--mode=evaluate", "--gin_bindings=MnistTrainer.dense_units=64"))
     )
     assert_one_error_line(result, 2, "is not a checkpoint of MnistTrainer's model")
+
+
+def test_training_on_from_a_checkpoint_of_another_model_is_one_sentence(tmp_path):
+    # A Keras functional model saves its layers by position: a layer of another shape is met as a
+    # variable of another shape (Keras' ValueError), not as a missing object.
+    common = [
+        *FAST_MNIST,
+        strategy_gin("one_device"),
+        "--gin_bindings=train.train_steps=2",
+        f"--model_dir={tmp_path / 'model'}",
+    ]
+    first = clusterlib.run(train_cmd(*common))
+    assert first.returncode == 0, first.stdout[-4000:]
+    result = clusterlib.run(train_cmd(*common, "--gin_bindings=MnistTrainer.dense_units=64"))
+    assert_one_error_line(result, 2, "is not a checkpoint of this model", "same model")

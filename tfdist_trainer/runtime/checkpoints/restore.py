@@ -112,10 +112,15 @@ def _read(checkpoint: tf.train.Checkpoint, prefix: str) -> str | None:
             restore_tables(prefix)
     except AssertionError as e:
         raise model_mismatch(prefix, e, "this model", checkpoint) from None
-    except tf.errors.InvalidArgumentError as e:
-        if "does not match the shape stored in checkpoint" not in str(e):
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+        if isinstance(e, tf.errors.InvalidArgumentError) and (
+            "does not match the shape stored in checkpoint" not in str(e)
+        ):
             raise
-        # A table of another size: the model's, not the files' fault.
+        # A variable of another shape (a table of another size: TF's InvalidArgumentError; a
+        # Keras variable: its ValueError "Received incompatible tensor with shape ..."). A
+        # functional model saves its layers by position, so a model with other layers meets
+        # this as often as a missing object: the model's fault, not the files'.
         raise model_mismatch(
             prefix, AssertionError(one_line(e)), "this model", checkpoint
         ) from None
