@@ -49,7 +49,9 @@ def lookup_together(
         parts: dict[int, list] = {t: [None] * weights[t].layout.num_shards for t in stacked}
         for (device, _, _), members in _shards_by_device(weights, stacked).items():
             read = _read_on(
-                recorder, device, [(weights[t], s, tables[t].local[s]) for t, s in members]
+                recorder,
+                device,
+                [(weights[t], s, tables[t].local[s], tables[t].sizes[s]) for t, s in members],
             )
             for (t, s), part in zip(members, read):
                 parts[t][s] = part
@@ -85,16 +87,17 @@ def _shards_by_device(
 def _read_on(
     recorder: row_gradients.RowGradients,
     device: str,
-    members: Sequence[tuple[ShardedWeight, int, tf.Tensor]],
+    members: Sequence[tuple[ShardedWeight, int, tf.Tensor, tf.Tensor]],
 ) -> list[tf.Tensor]:
     """The rows of several shards on one ps: one ids tensor there, one rows tensor back.
 
-    Returns each shard's rows (split on the worker). The gradient at the stacked rows
-    is split into each shard's IndexedSlices on the ps (`to_variables`).
+    `members`: (table, shard, its ids, their count). Returns each shard's rows (split on
+    the worker). The gradient at the stacked rows is split into each shard's IndexedSlices
+    on the ps (`to_variables`).
     """
-    sizes = tf.stack([tf.size(local, out_type=tf.int32) for _, _, local in members])
-    stacked_ids = tf.concat([local for _, _, local in members], 0)
-    shards = [(weight.variables[s], weight.tf_variables()[s]) for weight, s, _ in members]
+    sizes = tf.stack([size for _, _, _, size in members])
+    stacked_ids = tf.concat([local for _, _, local, _ in members], 0)
+    shards = [(weight.variables[s], weight.tf_variables()[s]) for weight, s, _, _ in members]
     with tf.device(device):
         pieces = tf.split(stacked_ids, sizes, num=len(members))
 

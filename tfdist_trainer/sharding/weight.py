@@ -185,11 +185,16 @@ class ShardIds:
         n = weight.layout.num_shards
         if n == 1:
             self.positions, self.local = None, [flat]
+            self.sizes = tf.reshape(tf.size(flat, out_type=tf.int32), [1])
             return
         shard, local = weight.layout.assign(flat)
         shard = tf.cast(shard, tf.int32)
         self.positions = tf.dynamic_partition(tf.range(tf.size(flat)), shard, n)
         self.local = tf.dynamic_partition(local, shard, n)
+        # Counted from the values, not `tf.size` of each part: in a variant of lookup_together
+        # that also stitched row numbers by these parts, the traced step saw every part's size
+        # as the first's (TF 2.21's graph optimizer; a small graph does not show it).
+        self.sizes = tf.math.unsorted_segment_sum(tf.ones_like(shard), shard, n)
 
     def rows(self, parts: list[tf.Tensor]) -> tf.Tensor:
         """The ids' rows ([*ids.shape, dim]) from each shard's rows for `local`."""
