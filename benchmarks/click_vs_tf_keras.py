@@ -122,10 +122,13 @@ def trainer_chief(spec: dict) -> dict:
     class PoolClickTrainer(ClickTrainer):
         def build_train_dataset(self, input_context):
             batch = self.per_replica_batch_size(input_context)
+            # Batched once, then the batches repeat: batching 1024 pool rows one by one at every
+            # step cost each side's workers about 4 ms of CPU a step (the in-process profile).
             return (
                 tf.data.Dataset.from_tensor_slices(pool)
-                .repeat()
                 .batch(batch, drop_remainder=True)
+                .cache()
+                .repeat()
                 .prefetch(tf.data.AUTOTUNE)
             )
 

@@ -28,6 +28,8 @@ from tf_keras_ps_chief import print_result, wait_for_servers, what_ran
 
 def build_model(tf_keras, spec: dict):
     """The recipe's ClickTrainer model in tf_keras layers."""
+    import tensorflow as tf
+
     layers, dim = tf_keras.layers, spec["embedding_dim"]
     initializer = tf_keras.initializers.RandomUniform(-0.01, 0.01)
     dense_in = tf_keras.Input((spec["num_dense"],), name="dense")
@@ -39,8 +41,10 @@ def build_model(tf_keras, spec: dict):
         rows = layers.Embedding(
             vocab, 1 + dim, embeddings_initializer=initializer, name=f"table_{f}"
         )(ids)
-        wide.append(layers.Lambda(lambda r: r[:, :1], name=f"wide_{f}")(rows))
-        deep.append(layers.Lambda(lambda r: r[:, 1:], name=f"deep_{f}")(rows))
+        # split as the recipe does (one concat in the gradient, not two StridedSliceGrads)
+        wide_f, deep_f = layers.Lambda(lambda r: tf.split(r, [1, dim], -1), name=f"split_{f}")(rows)
+        wide.append(wide_f)
+        deep.append(deep_f)
     x = layers.Concatenate(name="deep_concat")(deep)
     for i, units in enumerate(spec["hidden_units"]):
         x = layers.Dense(units, activation="relu", name=f"mlp_{i}")(x)
@@ -78,10 +82,12 @@ def main(spec_path: str) -> dict:
 
     def dataset_fn(input_context):
         batch = input_context.get_per_replica_batch_size(spec["batch_size"])
+        # batched once, then the batches repeat (as the Trainer's chief reads the pool)
         return (
             tf.data.Dataset.from_tensor_slices(pool)
-            .repeat()
             .batch(batch, drop_remainder=True)
+            .cache()
+            .repeat()
             .prefetch(tf.data.AUTOTUNE)
         )
 

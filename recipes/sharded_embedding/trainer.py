@@ -223,8 +223,12 @@ class ClickTrainer(Trainer):
             )
             wide_terms, deep_terms = [dense_linear(dense_in)], [dense_bottom(dense_in)]
             for rows in self._feature_rows(categorical_in):
-                wide_terms.append(rows[:, :1])  # the feature's wide (linear) weight
-                deep_terms.append(rows[:, 1:])  # its deep embedding
+                # The feature's wide (linear) weight and its deep embedding. A split, not two
+                # slices: its gradient is one concat, theirs two StridedSliceGrads (each zeroes a
+                # whole row block) and their sum.
+                wide, deep = keras.ops.split(rows, [1], axis=-1)
+                wide_terms.append(wide)
+                deep_terms.append(deep)
             x = keras.layers.Concatenate(name="deep_concat")(deep_terms)
             for layer in mlp:
                 x = layer(x)
