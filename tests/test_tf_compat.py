@@ -587,6 +587,65 @@ def test_atomic_metric_updates_lose_no_concurrent_update():
     )
 
 
+def test_confusion_matrix_metrics_accumulate_atomically():
+    """Keras' AUC writes `v.assign(v + x)` itself; the patch turns each into one `assign_add(x)`:
+    traced, no variable is read or written whole, and concurrent updates lose nothing."""
+    labels = tf.constant([[1.0], [0.0], [1.0], [0.0]])
+    scores = tf.constant([[0.9], [0.3], [0.4], [0.8]])
+    metric = keras.metrics.AUC(num_thresholds=50)
+    tf_compat.make_metric_updates_atomic([metric])
+    graph = tf.function(lambda: metric.update_state(labels, scores)).get_concrete_function().graph
+    kinds = [op.type for op in graph.get_operations()]
+    assert kinds.count("AssignAddVariableOp") == 4 and "AssignVariableOp" not in kinds, broken(
+        "keras.metrics.AUC.update_state (metrics_utils.update_confusion_matrix_variables)",
+        f"no longer updates by `v.assign(v + x)`: {sorted(set(kinds))}",
+    )
+    reference = keras.metrics.AUC(num_thresholds=50)
+    threads, per_thread = 8, 100
+    for _ in range(threads * per_thread):
+        reference.update_state(labels, scores)
+
+    def add():
+        for _ in range(per_thread):
+            metric.update_state(labels, scores)
+
+    workers = [threading.Thread(target=add) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for mine, theirs in zip(metric.variables, reference.variables):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
+    assert float(metric.result()) == float(reference.result())
+
+
+def test_an_optimizer_counts_its_steps_atomically():
+    """Keras' `iterations.assign_add(1)` is `assign(read + 1)`; the patch makes it TF's assign_add."""
+    weights = keras.Variable(np.ones(3, np.float32))
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build([weights])
+    tf_compat.make_optimizer_steps_atomic(optimizer)
+    apply = tf.function(lambda: optimizer.apply([tf.ones(3)], [weights]))
+    graph = apply.get_concrete_function().graph
+    handle = {id(e): i for e, i in graph.captures}.get(id(optimizer.iterations.value.handle))
+    writes = [op.type for op in graph.get_operations() if any(x is handle for x in op.inputs)]
+    assert "AssignAddVariableOp" in writes and "AssignVariableOp" not in writes, broken(
+        "keras BaseOptimizer.apply", f"no longer counts by iterations.assign_add: {writes}"
+    )
+    threads, per_thread = 8, 50
+
+    def step():
+        for _ in range(per_thread):
+            optimizer.apply([tf.ones(3)], [weights])
+
+    workers = [threading.Thread(target=step) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert int(optimizer.iterations.numpy()) == threads * per_thread
+
+
 # -- distribution strategies and graphs ---------------------------------------------
 
 

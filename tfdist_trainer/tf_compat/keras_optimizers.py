@@ -8,6 +8,7 @@ under parameter_server).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -111,19 +112,85 @@ def read_learning_rate_once(optimizer: Any) -> None:
 
 
 def make_metric_updates_atomic(metrics: Sequence[Any]) -> None:
-    """Makes the `assign_add` of the metrics' variables one atomic TF `assign_add` on their storage.
+    """Makes every accumulation into the metrics' variables one atomic TF `assign_add`
+    (`make_accumulations_atomic`)."""
+    make_accumulations_atomic([v for metric in metrics for v in metric.variables])
 
-    Keras 3 implements `Variable.assign_add` as `assign(self + value)`: two
-    parameter_server workers updating the same ps variable at once lose one
-    update, and accuracy can exceed 1 (total and count lose different amounts).
-    TF's own `assign_add` on the stored tf.Variable is atomic on the ps. Keras
-    has no public switch for it, so each metric variable's `assign_add` is
-    replaced on the instance (read by `Mean`, `Sum`, accuracy metrics, ...).
+
+def make_optimizer_steps_atomic(optimizer: Any) -> None:
+    """Makes the optimizer's step count (`iterations.assign_add(1)` at each apply, and a
+    loss-scale optimizer's inner one) one atomic TF `assign_add` (`make_accumulations_atomic`):
+    concurrent parameter_server workers would lose steps of a learning-rate schedule."""
+    make_accumulations_atomic([target.iterations for target in _with_inner(optimizer)])
+
+
+def make_accumulations_atomic(variables: Sequence[Any]) -> None:
+    """Makes every accumulation into these Keras variables one atomic TF `assign_add` on their storage.
+
+    Keras 3 accumulates in two ways, both a read and a write: `Variable.assign_add(x)` is
+    `assign(self + x)` (`Mean`, `Sum`, the accuracies, an optimizer's `iterations`), and
+    the confusion-matrix metrics (AUC, Precision, Recall, TruePositives...) call
+    `variable.assign(variable + x)` themselves (`metrics_utils.
+    update_confusion_matrix_variables`). Two parameter_server workers updating the same ps
+    variable at once lose one update (accuracy can exceed 1), and each update is two
+    transfers. TF's own `assign_add` on the stored tf.Variable is atomic on the ps and
+    sends `x` alone. Keras has no public switch for it, so each variable gets an
+    `assign_add` that is TF's, and an `assign` that recognises the sum its own `+` just
+    made (`_IncrementTracking`) and adds `x` instead of writing the sum.
     """
     import tensorflow as tf
 
-    for metric in metrics:
-        for variable in metric.variables:
-            backing = variable_storage(variable)
-            if isinstance(backing, tf.Variable) and backing is not variable:
-                variable.assign_add = lambda value, b=backing: b.assign_add(tf.cast(value, b.dtype))
+    for variable in variables:
+        backing = variable_storage(variable)
+        if isinstance(backing, tf.Variable) and backing is not variable:
+            variable.assign_add = lambda value, b=backing: b.assign_add(tf.cast(value, b.dtype))
+            if not isinstance(variable, _IncrementTracking):
+                variable.__class__ = _increment_tracking(type(variable))
+
+
+class _IncrementTracking:
+    """Mixed into a Keras metric variable's class: `v.assign(v + x)` becomes `assign_add(x)`.
+
+    `v + x` (Keras' `__add__`) remembers its result and `x`; an `assign` of exactly that
+    result (the same tensor object, next in the same thread: only the last sum is kept)
+    adds `x` to the stored variable. Any other `assign` (a reset, a stateless scope) is
+    Keras' own.
+    """
+
+    def __add__(self, other):
+        total = super().__add__(other)
+        _last_sum.value = (self, total, other)
+        return total
+
+    def __radd__(self, other):
+        total = super().__radd__(other)
+        _last_sum.value = (self, total, other)
+        return total
+
+    def assign(self, value):
+        import tensorflow as tf
+
+        last, _last_sum.value = getattr(_last_sum, "value", None), None
+        if last is None or last[0] is not self or last[1] is not value:
+            return super().assign(value)
+        from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+        increment = tf.convert_to_tensor(last[2])
+        if in_stateless_scope() or increment.shape != tf.TensorShape(self.shape):
+            return super().assign(value)
+        stored = variable_storage(self)
+        stored.assign_add(tf.cast(increment, stored.dtype))
+        return value
+
+
+_last_sum = threading.local()  # (variable, v + x, x) of this thread's last `v + x`
+_TRACKING_CLASSES: dict[type, type] = {}
+
+
+def _increment_tracking(cls: type) -> type:
+    """`cls` with `_IncrementTracking` mixed in (one subclass per Keras variable class)."""
+    if cls not in _TRACKING_CLASSES:
+        _TRACKING_CLASSES[cls] = type(
+            f"IncrementTracking{cls.__name__}", (_IncrementTracking, cls), {}
+        )
+    return _TRACKING_CLASSES[cls]

@@ -90,9 +90,11 @@ class ParameterServerRuntime(StrategyRuntime):
 
     def state_built(self, trainer: Any) -> None:
         """Each update reads the learning rate once for all the variables, each on its own ps
-        (Keras reads it once per variable: one transfer each)."""
+        (Keras reads it once per variable: one transfer each), and counts its step atomically
+        (workers apply concurrently)."""
         if getattr(trainer, "optimizer", None) is not None:
             tf_compat.read_learning_rate_once(trainer.optimizer)
+            tf_compat.make_optimizer_steps_atomic(trainer.optimizer)
 
     def answers_ps_save_requests(self, cluster: ClusterConfig) -> bool:
         """The chief saves the variables a preempted ps holds before that ps exits."""
