@@ -62,14 +62,8 @@ def read_checked(checkpoint: tf.train.Checkpoint, prefix: str, what: str) -> Non
         status = checkpoint.read(prefix)
         status.assert_existing_objects_matched()
         status.expect_partial()
-    except AssertionError as e:
+    except (AssertionError, ValueError, tf.errors.InvalidArgumentError) as e:
         raise checkpoints.model_mismatch(prefix, e, what, checkpoint) from None
-    except (ValueError, tf.errors.InvalidArgumentError) as e:
-        first = str(e).strip().splitlines()[0][:200]
-        raise ConfigError(
-            f"{prefix} is not a checkpoint of {what} ({first}); point --checkpoint (or --model_dir) "
-            f"at a run of the same model and gin config."
-        ) from None
     _log("read %s: the model's variables (its optimizer state is not needed here)", prefix)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tfdist_trainer.tf_compat.checkpoints import trackable_base
-from tfdist_trainer.tf_compat.keras_variables import variable_storage
+from tfdist_trainer.tf_compat.keras_variables import in_stateless_scope, variable_storage
 
 
 def optimizer_model_variables(optimizer: Any) -> list:
@@ -173,8 +173,6 @@ class _IncrementTracking:
         last, _last_sum.value = getattr(_last_sum, "value", None), None
         if last is None or last[0] is not self or last[1] is not value:
             return super().assign(value)
-        from keras.src.backend.common.stateless_scope import in_stateless_scope
-
         increment = tf.convert_to_tensor(last[2])
         if in_stateless_scope() or increment.shape != tf.TensorShape(self.shape):
             return super().assign(value)

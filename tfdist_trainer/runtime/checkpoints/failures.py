@@ -77,15 +77,16 @@ def unreadable_reason(error: BaseException) -> str | None:
 
 
 def model_mismatch(
-    prefix: str, error: AssertionError, what: str, restoring: tf.train.Checkpoint
+    prefix: str, error: BaseException, what: str, restoring: tf.train.Checkpoint
 ) -> ConfigError:
     """One sentence for a checkpoint that is not of this model (`restoring`, the checkpoint object
-    that failed; TensorFlow's AssertionError lists some of the model's objects it holds no values
-    for): tables of the other kind by name, else the error's first line."""
-    text = str(error).strip()
+    that failed): tables of the other kind by name, else the error's first line. `error` is
+    TensorFlow's AssertionError (some of the model's objects it holds no values for) or the
+    error of a variable of another shape (TF's InvalidArgumentError, Keras' ValueError)."""
     specific = table_kind_mismatch(prefix, restoring)
     if specific:
         return ConfigError(specific)
+    text = str(error).strip() if isinstance(error, AssertionError) else one_line(error)
     first = text.splitlines()[0][:200] if text else type(error).__name__
     return ConfigError(
         f"{prefix} is not a checkpoint of {what} ({first}); point --model_dir (or --checkpoint) "

@@ -121,9 +121,7 @@ def _read(checkpoint: tf.train.Checkpoint, prefix: str) -> str | None:
         # Keras variable: its ValueError "Received incompatible tensor with shape ..."). A
         # functional model saves its layers by position, so a model with other layers meets
         # this as often as a missing object: the model's fault, not the files'.
-        raise model_mismatch(
-            prefix, AssertionError(one_line(e)), "this model", checkpoint
-        ) from None
+        raise model_mismatch(prefix, e, "this model", checkpoint) from None
     except (IndexError, tf.errors.OpError) as e:
         reason = unreadable_reason(e)
         if reason is None:
