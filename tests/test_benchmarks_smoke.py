@@ -5,8 +5,9 @@ tools read. --smoke starts a benchmark's variant processes all at once (almost a
 run is TensorFlow starting). run_all smoke-runs trainer_vs_baselines, steps_per_loop_auto and
 mirrored_vs_one_device; model_parallel and data_service run below; ps_vs_tf_keras and
 mnist_time_to_accuracy in tests/test_bench_*.py; large_tables (one_device and
-multi_worker_mirrored), dynamic_tables (fixed and dynamic tables, one_device) and stacked_lookup
-(one lookup per shard or per ps, in-process servers) below.
+multi_worker_mirrored), dynamic_tables (fixed and dynamic tables, one_device), stacked_lookup
+(one lookup per shard or per ps, in-process servers) and sparse_update (one ps's Adagrad update,
+three ways) below.
 """
 
 from __future__ import annotations
@@ -241,3 +242,23 @@ def test_stacked_lookup_smoke_updates_the_same_rows_every_way(tmp_path):
     (figure,) = check_figures(payload)
     assert figure["ratio"] == results["group"]["speedup_vs_baseline"] > 0
     assert "speedup vs per_shard" in stdout
+
+
+def test_sparse_update_smoke_writes_the_same_tables_every_way(tmp_path):
+    """SparseAdagrad, TF's scatters and TF's fused kernel apply the same Adagrad to the same
+    rows: after the same updates, the same tables; the library's ratio is the figure."""
+    out = str(tmp_path / "bench")
+    stdout = run_smoke("benchmarks.sparse_update", out, timeout=240)
+    payload = load(out, "sparse_update")
+    assert payload["baseline"] == "scatters"
+    results = payload["results"]
+    assert set(results) == {"sparse_adagrad", "scatters", "fused"}
+    for result in results.values():
+        assert result["tables"] == 26 and result["steps_per_s"] > 0, result
+        assert result["distinct_ids_per_update"] > 26, result
+    tables = {name: [float(x) for x in r["final_tables"].split()] for name, r in results.items()}
+    for name in ("sparse_adagrad", "fused"):
+        assert tables[name] == pytest.approx(tables["scatters"], rel=1e-5), name
+    (figure,) = check_figures(payload)
+    assert figure["ratio"] == results["sparse_adagrad"]["cpu_ratio_vs_baseline"] > 0
+    assert "less CPU vs the same update by TF's scatter_add" in stdout
