@@ -13,9 +13,10 @@ repeated rows first (as tf-keras' optimizers and `SparseAdagrad` do), then updat
 
 Each variant in its own process, one after another per round; one timed request is --steps
 updates in one `tf.function` call each. Reported: updates/s and CPU ms per update, and how
-much less CPU the library's update takes than `scatters` (a ps shares its cores with the other
-tasks, so its CPU, not its wall time, sets the cluster's steps/s) (BUILD.md: perf on the real cluster put TF's scatters at 36%
-of a ps's CPU). The variants apply the same gradients, so their tables end equal.
+much less CPU the library's update takes than `scatters`: a ps shares its cores with the other
+tasks, so its CPU, not its wall time, sets the cluster's steps/s (BUILD.md: perf on the real
+cluster put TF's scatters at 36% of a ps's CPU). The variants apply the same gradients, so
+their tables end equal.
 """
 
 from __future__ import annotations
@@ -93,13 +94,12 @@ def serve(args):
         optimizer = sharding.SparseAdagrad(
             LEARNING_RATE, initial_accumulator_value=INITIAL_ACCUMULATOR, epsilon=EPSILON
         )
-        tables = [keras.Variable(t, name=f"table_{n}") for n, t in enumerate(initial)]
-        optimizer.build(tables)
-        stored = tables
+        stored = [keras.Variable(t, name=f"table_{n}") for n, t in enumerate(initial)]
+        optimizer.build(stored)
 
         @tf.function(reduce_retracing=True)  # each batch has its own count of ids
         def update(grads):
-            optimizer.apply(grads, tables)
+            optimizer.apply(grads, stored)
 
     else:
         stored = [tf.Variable(t) for t in initial]

@@ -114,7 +114,8 @@ class SparseAdagrad(ReshardableOptimizerMixin, keras.optimizers.Adagrad):
     accumulator and the table are read, computed on as one tensor, and written
     back (`scatter_update`, a copy per row). TF's `scatter_add`/`scatter_sub`
     run an Eigen expression per row instead, and took 36% of a ps's CPU in the
-    click benchmark: one ps's update of a step, 4.2 -> 2.3 ms (BUILD.md).
+    click benchmark; one ps's update of a step takes 1.34x less CPU this way
+    (`benchmarks/sparse_update.py`, BUILD.md).
 
     Under parameter_server two workers may update one shard at once. Each row is
     then written whole by the last of them (Hogwild, as TF's own sparse
