@@ -35,10 +35,14 @@ class Experiment:
         checkpoint at each of them instead, and the evaluator evaluates every checkpoint.
       checkpoint_every_n_steps: None saves only at the end (see CheckpointHook for time-based saves).
       keep_checkpoints: how many checkpoints to keep (besides one an evaluator is reading).
-      async_checkpoint: a save copies the state (each tensor on the device that holds it: a
-        ps's tables on that ps) and training goes on while a thread writes it. None: on
-        wherever a save involves one task only (not where every worker takes part in a save:
-        multi_worker_mirrored or model_parallel across workers); True there is refused.
+      async_checkpoint: a save copies the small state (step counter, dense weights, optimizer
+        state outside the tables) and training goes on while a thread writes it; the thread
+        reads the tables a shard (or 64 MiB chunk) at a time, each on the task that holds it,
+        so a ps holds at most one shard besides its tables. A checkpoint then holds the small
+        state of its step and each table shard as the write read it, moments later
+        (`Checkpointer.save`). None: on wherever a save involves one task only (not where every
+        worker takes part in a save: multi_worker_mirrored or model_parallel across workers);
+        True there is refused.
       extra_hooks: more hooks after the default ones, e.g. [@EarlyStopping(), @ExportSavedModel()].
       seed: seeds Python, NumPy and TF for reproducible runs; None leaves them random.
       jit_compile: compile each replica's train step with XLA.

@@ -116,6 +116,26 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
                 parts.append(tf.gather(variables[shard], tf.range(local, local + count)))
             return tf.dynamic_stitch(positions, parts)
 
+    def copy_slice(self, index: int) -> tf.Tensor:
+        """A copy of saved slice `index`, taken at once, that training's updates never wait on
+        after: what a background write saves while training goes on.
+
+        `read_slice` reads a "div" shard without a copy, for a save that training waits for;
+        held while training goes on, that buffer would be copied whole by the next update of
+        the shard, in the training step. Here the shard is read in copy-on-read mode (a
+        one-row gather first puts it there: TF switches a variable to it on a sparse access;
+        a dense read then copies), so the copy is made by this read, under the variable's
+        shared lock, and is the only one. A "mod" slice is gathered from its shards: a copy.
+        """
+        if self._layout.partition_strategy != "div":
+            return self.read_slice(index)
+        variable = self._variables_fn()[index]
+        _, rows, device = self.slices()[index]
+        with tf.device(device):
+            sparse_access = [tf.gather(variable, [0])] if rows else []
+            with tf.control_dependencies(sparse_access):
+                return tf.identity(variable.read_value())
+
     def restore_slices(self, tensors: Sequence[tf.Tensor]) -> tf.Operation:
         if self.restored_apart:
             return tf.no_op()

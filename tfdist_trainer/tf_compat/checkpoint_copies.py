@@ -11,6 +11,11 @@ own async checkpoint (`CheckpointOptions(enable_async=True)`) cannot be used
 as it is: Keras 3 variables make their copy with a `tf.Variable(...)` on the
 saving thread's device (the chief's memory under parameter_server), created
 once inside a traced function, so later saves would write stale values.
+
+A background save writes a table a slice at a time, each slice by a SaveV2 op of
+its own into the same checkpoint: that needs each saved tensor's checkpoint key
+before TF names it (`object_names`, `checkpoint_key`) and a stand-in value that
+TF records in the object graph without writing it (`recorded_not_written`).
 """
 
 from __future__ import annotations
@@ -120,3 +125,56 @@ def identity_dict() -> Any:
     from tensorflow.python.util import object_identity
 
     return object_identity.ObjectIdentityDictionary()
+
+
+def saved_dtype_and_device(value: Any) -> tuple[Any, str | None]:
+    """(dtype, device) of one value of `saved_tensors`, without reading it: a `SaveSpec`'s tensor
+    may be a read of a whole table slice, computed only when asked (`saved_value`)."""
+    from tensorflow.python.training.saving import saveable_object
+
+    if isinstance(value, saveable_object.SaveSpec):
+        return value.dtype, value.device or None
+    return value.dtype, getattr(value, "device", None) or None
+
+
+def recorded_not_written(dtype: Any, device: str | None) -> Any:
+    """A value for a stand-in's `_serialize_to_tensors`: the checkpoint records its key in the
+    object graph (a restore finds it), but writes no tensor for it; another op writes that key
+    into the same checkpoint (a table's slices, one SaveV2 each).
+
+    TF's `MultiDeviceSaver` skips a `SaveSpec` whose tensor is None ("recorded in the object
+    graph, but no value is saved"); a SaveSpec of a callable needs its dtype and device. There
+    is no public way to record a tensor that another op writes.
+    """
+    from tensorflow.python.training.saving import saveable_object
+
+    return saveable_object.SaveSpec(lambda: None, "", "", dtype=dtype, device=device or "CPU:0")
+
+
+def object_names(checkpoint: Any) -> Any:
+    """{trackable: the name a save of `checkpoint` gives it (``model/layer_with_weights-0/...``)},
+    an `ObjectIdentityDictionary`: the first half of each of its tensors' keys.
+
+    TF names the objects by their first path from the root, breadth first, as
+    `save_util._gather_trackable_data` does at every save; the names are not
+    public before a save has written them.
+    """
+    from tensorflow.python.checkpoint import graph_view
+    from tensorflow.python.trackable import trackable_utils
+    from tensorflow.python.util import object_identity
+
+    _, paths = graph_view.ObjectGraphView(checkpoint).breadth_first_traversal()
+    names = object_identity.ObjectIdentityDictionary()
+    for trackable, path in paths.items():
+        names[trackable] = trackable_utils.object_path_to_string(path)
+    return names
+
+
+def checkpoint_key(object_name: str, local_name: str) -> str:
+    """The key a checkpoint saves the tensor `local_name` of the object `object_name` under
+    (``<object name>/.ATTRIBUTES/<local name, escaped>``): `trackable_utils.checkpoint_key`."""
+    from tensorflow.python.trackable import trackable_utils
+
+    return trackable_utils.checkpoint_key(
+        object_name, trackable_utils.escape_local_name(local_name)
+    )

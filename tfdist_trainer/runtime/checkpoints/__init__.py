@@ -7,8 +7,10 @@ came as two modules and one argument, `background`):
   `wait()` and their contract (when the files are durable).
 * `writer`: writes a checkpoint, lists it, sweeps old ones (peers' throw-away
   copies, the traced write of a checkpoint that spans tasks).
-* `background_writer`: the same write on a thread, after a copy of the state
-  (`snapshot`: each tensor copied on its own device), so training goes on.
+* `background_writer`: the same write on a thread, after a copy of the small state
+  (`snapshot`: each tensor copied on its own device), so training goes on; the tables
+  are read by the write a part at a time (`table_parts`: a task holds one part besides
+  its tables).
 * `restore`: the newest checkpoint that reads; damaged ones set aside.
 * `listing`: the ``checkpoint`` file readers follow, and the order that keeps
   a half-written checkpoint out of their sight.

@@ -94,10 +94,31 @@ class Checkpointer:
         Durable: the files are complete on storage and listed in model_dir's ``checkpoint``
         file (what every reader follows) once `wait()` has returned. A checkpoint is listed
         only when its files are complete, so no reader ever sees a half-written one. The
-        background writer returns once the state is copied and writes it on a thread (the
+        background writer returns once the small state is copied and writes on a thread (the
         synchronous one returns durable); a caller calls `wait()` before it needs the files
         (an export from them, the done marker, an exit). The state may change as soon as
         `save` returns.
+
+        What a checkpoint of step N holds. A synchronous save: the state after step N. A
+        background save, while training goes on: the step counter and everything that is not
+        a table (dense weights and their optimizer slots, optimizer scalars such as the
+        iteration count) exactly as after step N, copied before `save` returns; each table
+        part (a saved slice of a sharded table or of its optimizer slot: a "div" shard or a
+        64 MiB "mod" chunk; a dynamic table's keys and rows) as it was when the write read
+        it, one part after another on each task, after `save` returned: every update of the
+        steps up to N, and those of later steps that had reached it by then. A "div" shard is
+        read at one moment, a "mod" chunk or a dynamic table shard by shard; under
+        parameter_server the parts of one ps, and of different ps, are read moments apart.
+        Why: a copy of the tables at the step would be a second copy of every table, and the
+        tables' memory is what bounds a ps.
+
+        So a run resumed from it starts exactly at step N + 1, with the step counter and the
+        dense state of step N, and ends exactly at train_steps; the rows that later steps
+        updated before the write read them hold those updates once more, as asynchronous
+        training's stale reads do (the input is not in a checkpoint: a restarted input
+        pipeline starts its share again, whatever the writer). A save followed by `wait()`
+        before the next step (the final save; one whose files are needed at once) holds
+        every part as of step N.
 
         A write the storage refuses ends the task with one sentence (`CheckpointWriteError`,
         `StorageUnavailable`) after its leftovers are removed; the previous checkpoint stays
