@@ -101,7 +101,12 @@ if ids.dtype.kind in "SUO":
 elif args["unseen"]:
     ids[unseen] = rng.integers(-(2**62), 2**62, size=ids[unseen].shape, dtype=np.int64)
 predictions = model({k: tf.constant(v) for k, v in inputs.items()}, training=False).numpy()
-np.savez(args["out"], predictions=predictions, **inputs)
+# String keys come out of TensorFlow as object arrays, which np.load refuses without pickle.
+np.savez(
+    args["out"],
+    predictions=predictions,
+    **{k: v.astype(bytes) if v.dtype == object else v for k, v in inputs.items()},
+)
 print(json.dumps({"examples": len(predictions)}))
 """
 
@@ -134,3 +139,33 @@ def checkpoint_predictions(
         saved = dict(np.load(out, allow_pickle=False))
         predictions = saved.pop("predictions")
         return saved, predictions
+
+
+def model_weight_bytes(checkpoint: str) -> int:
+    """Bytes of the model's weights in `checkpoint`: its ``model/`` values, each at its dtype's size."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(checkpoint)
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    return sum(
+        int(np.prod(shape)) * dtypes[name].size
+        for name, shape in shapes.items()
+        if name.startswith("model/")
+    )
+
+
+def exported_bytes(export_dir: str) -> int:
+    """Bytes of a SavedModel's variables (its ``variables/*.data-*`` files)."""
+    variables_dir = os.path.join(export_dir, "variables")
+    return sum(
+        os.path.getsize(os.path.join(variables_dir, name))
+        for name in os.listdir(variables_dir)
+        if ".data-" in name
+    )
+
+
+def assert_each_weight_exported_once(export_dir: str, checkpoint: str) -> None:
+    """The export's variables are the size of the model's weights in `checkpoint`, within 2%
+    (Keras' own `model.export` saves every weight twice: tf_compat.export_archive_of)."""
+    weights, exported = model_weight_bytes(checkpoint), exported_bytes(export_dir)
+    assert weights <= exported <= 1.02 * weights, (export_dir, exported, weights)

@@ -27,7 +27,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from clusterlib import REPO, launch_cmd, read_records, strategy_gin
+from clusterlib import REPO, launch_cmd, read_records, strategy_gin, train_cmd
+from servinglib import (
+    assert_each_weight_exported_once,
+    checkpoint_predictions,
+    serve_in_clean_process,
+)
 
 from recipes.sharded_embedding import data as click_data
 from tfdist_trainer import sharding, variables
@@ -541,12 +546,10 @@ def test_parameter_server_two_ps_balanced_sparse_and_learns(two_ps_run):
 @pytest.mark.cluster
 def test_a_model_sharded_over_two_ps_exports_and_serves_from_a_clean_process(two_ps_run):
     """--mode=export of the 2-ps run: a clean process (stock TF only) gives its predictions."""
-    from servinglib import checkpoint_predictions, serve_in_clean_process
-
     model_dir, _, _ = two_ps_run
     bindings = ["ClickTrainer.num_shards=5"]
     export = clusterlib.run(
-        clusterlib.train_cmd(
+        train_cmd(
             *TINY,
             strategy_gin("parameter_server"),
             f"--model_dir={model_dir}",
@@ -566,25 +569,90 @@ def test_a_model_sharded_over_two_ps_exports_and_serves_from_a_clean_process(two
     export_dir = os.path.join(model_dir, "export", f"ckpt-{FIRST_STEPS}")
     served, _ = serve_in_clean_process(export_dir, inputs)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
-    # Each weight once: the export's variables are the size of the model's weights (Keras' own
-    # model.export saves every weight twice).
-    checkpoint = os.path.join(model_dir, f"ckpt-{FIRST_STEPS}")
-    weights = sum(
-        4 * int(np.prod(shape))
-        for name, shape in tf.train.list_variables(checkpoint)
-        if name.startswith("model/")
-    )
-    variables_dir = os.path.join(export_dir, "variables")
-    exported = sum(
-        os.path.getsize(os.path.join(variables_dir, f))
-        for f in os.listdir(variables_dir)
-        if ".data-" in f
-    )
-    assert weights <= exported <= 1.02 * weights, (exported, weights)
+    assert_each_weight_exported_once(export_dir, os.path.join(model_dir, f"ckpt-{FIRST_STEPS}"))
+
+
+RAW_IDS = {"int64": "ClickTrainer.id_space='open'", "string": "ClickTrainer.key_dtype='string'"}
 
 
 @pytest.mark.cluster
-def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
+@pytest.mark.parametrize("key_dtype", sorted(RAW_IDS))
+def test_fixed_tables_of_raw_ids_export_a_model_that_serves_keys_it_never_saw(tmp_path, key_dtype):
+    """Raw ids (64-bit or strings) hashed into fixed tables (`BucketHash`), trained under
+    one_device and exported at the end: a clean process serves them, a third of them keys no
+    training batch held, as the checkpoint's model does."""
+    model_dir = str(tmp_path / "model")
+    steps = 20
+    bindings = [RAW_IDS[key_dtype], "ClickTrainer.num_shards=3"]
+    run_only = [
+        f"train.train_steps={steps}",
+        "ClickTrainer.eval_batches=1",
+        "ClickTrainer.step_report=False",
+        "train.extra_hooks=[@ExportSavedModel()]",
+    ]
+    trained = clusterlib.run(
+        train_cmd(
+            *TINY,
+            strategy_gin("one_device"),
+            f"--model_dir={model_dir}",
+            *[f"--gin_bindings={b}" for b in [*bindings, *run_only]],
+        ),
+        timeout=TIMEOUT_S,
+    )
+    assert trained.returncode == 0, trained.stdout[-4000:]
+    checkpoint = os.path.join(model_dir, f"ckpt-{steps}")
+    inputs, expected = checkpoint_predictions(
+        [TINY[0].split("=", 1)[1]], bindings, checkpoint, examples=600, unseen=200
+    )
+    assert inputs["categorical"].dtype.kind == ("S" if key_dtype == "string" else "i")
+    export_dir = os.path.join(model_dir, "export", str(steps))
+    served, ops = serve_in_clean_process(export_dir, inputs)
+    assert served.shape == expected.shape == (600, 1)
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
+    assert "Fingerprint" in ops, ops  # the keys are hashed in the served model
+    assert_each_weight_exported_once(export_dir, checkpoint)
+
+
+def _trained_rows_since(saved_prefix: str, resumed_prefix: str) -> dict[str, int]:
+    """Checks, table by table, that `resumed_prefix` (a later checkpoint of a run resumed from
+    `saved_prefix`) holds the saved rows and Adagrad accumulators, trained on: no accumulator
+    row shrank, and every table row whose accumulator row is unchanged (a row no step since has
+    trained, or barely) is the saved row. Returns the count of those rows per table."""
+    saved, resumed = (
+        tf.train.load_checkpoint(saved_prefix),
+        tf.train.load_checkpoint(resumed_prefix),
+    )
+    keys = saved.get_variable_to_shape_map()
+    tables = {m.group(1): k for k in keys if (m := re.match(r"model/.*/(table_\d+)/table/", k))}
+    slots = {
+        m.group(1): k
+        for k in keys
+        if (m := re.match(r"optimizer/sharded\.S(table_\d+)\.Sembeddings\.Saccumulator/", k))
+    }
+    assert len(tables) == 6 and sorted(slots) == sorted(tables), keys
+    untrained = {}
+    for name, key in tables.items():
+        slot_saved, slot_resumed = saved.get_tensor(slots[name]), resumed.get_tensor(slots[name])
+        assert (slot_resumed >= slot_saved).all(), f"{name}: accumulator rows shrank"
+        same = (slot_resumed == slot_saved).all(axis=1)
+        # Not exactly: a gradient small enough leaves its accumulator row as it was (float32
+        # rounds g**2 away) and still moves the row, by at most lr * 2**-12 a step; another row
+        # or a row not restored is ~1e-2 away (rows start within +-0.01).
+        np.testing.assert_allclose(
+            resumed.get_tensor(key)[same],
+            saved.get_tensor(key)[same],
+            rtol=0,
+            atol=1e-3,
+            err_msg=name,
+        )
+        untrained[name] = int(same.sum())
+    return untrained
+
+
+@pytest.mark.cluster
+def test_two_ps_checkpoint_resumes_on_three_ps_with_its_rows_and_slots_at_the_same_loss(
+    two_ps_run,
+):
     model_dir, _, _ = two_ps_run
     before = read_records(model_dir)
     last_train = [r for r in before if r["kind"] == "train"][-1]
@@ -617,6 +685,14 @@ def test_two_ps_checkpoint_resumes_on_three_ps_at_the_same_loss(two_ps_run):
     final_eval = [r for r in after if r["kind"] == "eval"][-1]
     assert final_eval["eval_loss"] < last_eval["eval_loss"] + 0.01, (final_eval, last_eval)
     assert final_eval["eval_auc"] > last_eval["eval_auc"] - 0.01, (final_eval, last_eval)
+    # The 3 ps restored the rows and accumulators the 2 ps saved: rows the 40 steps since did not
+    # train read as saved. table_0's ids are Zipf-like over 4,000 rows: ~3,000 distinct ones in
+    # 40 steps of 256 examples, so ~1,000 of its rows compare.
+    untrained = _trained_rows_since(
+        os.path.join(model_dir, f"ckpt-{FIRST_STEPS}"),
+        os.path.join(model_dir, f"ckpt-{FIRST_STEPS + MORE_STEPS}"),
+    )
+    assert untrained["table_0"] >= 400, untrained
 
 
 def test_equal_sized_shards_of_one_initializer_start_different_and_seeded_ones_reproduce():
