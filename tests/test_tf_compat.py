@@ -552,6 +552,18 @@ def test_adagrad_accumulator_is_the_slot_of_that_variable():
         np.testing.assert_allclose(accumulator.numpy(), expected)
 
 
+def test_optimizer_variable_is_the_keras_variable_of_what_update_step_is_handed():
+    """Keras' TF backend hands update_step the stored tf.Variable; the optimizer maps it back."""
+    first, second = keras.Variable(np.ones(3, np.float32)), keras.Variable(np.ones(2, np.float32))
+    optimizer = keras.optimizers.SGD()
+    optimizer.build([first, second])
+    for variable in (first, second):
+        found = tf_compat.optimizer_variable(optimizer, tf_compat.variable_storage(variable))
+        assert found is variable, broken("Optimizer._trainable_variables/_get_variable_index", found)
+    stranger = tf.Variable(1.0)
+    assert tf_compat.optimizer_variable(optimizer, stranger) is stranger
+
+
 def test_atomic_metric_updates_lose_no_concurrent_update():
     """Keras' assign_add is assign(read + value); the patch makes a Mean metric's assign_add TF's atomic one."""
     metric = keras.metrics.Mean()

@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.sharding import update_lock
 from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
 from tfdist_trainer.sharding.dynamic_keys import (
     KEY_DTYPES,
@@ -233,6 +234,8 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                     concurrent=is_parameter_server(strategy),
                 )
             pool._tfdist_dynamic_shard = shard  # read by ReshardableOptimizerMixin (slot resets)
+            if shard.concurrent:  # workers update the pool at once: each update whole
+                update_lock.guard(pool)
             for variable in [pool, *shard.state_variables()]:
                 ledger.record(variable)
             shards.append(shard)

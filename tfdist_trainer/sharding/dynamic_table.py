@@ -219,7 +219,11 @@ class DynamicTableShard(ShardEviction, tf.Module):
         with self.on_device():
             if not self.concurrent:  # one step at a time: the function's own ordering suffices
                 return self._step(keys, counts)
-            return self._critical_section.execute(lambda: self._step(keys, counts))
+            # Not exclusive: the pool and its slots are also written under the pool's own lock
+            # (the optimizer's updates, `update_lock`).
+            return self._critical_section.execute(
+                lambda: self._step(keys, counts), exclusive_resource_access=False
+            )
 
     def _step(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
         # First, before this step reads them: rebuild a table worn by the removals of earlier steps.
@@ -397,7 +401,9 @@ class DynamicTableShard(ShardEviction, tf.Module):
     def exclusively(self, fn):
         """`fn()`'s result, run where no training step of the shard runs at the same time: in the
         shard's critical section on its device (under no device, `fn()` as it is)."""
-        return self._critical_section.execute(fn) if self.device else fn()
+        if not self.device:
+            return fn()
+        return self._critical_section.execute(fn, exclusive_resource_access=False)
 
     def rebuild(self, which: str, empty_value: int, keys: tf.Tensor, values: tf.Tensor):
         """Clears the hash table `which` ('table' or 'candidates') and inserts `keys` -> `values`."""

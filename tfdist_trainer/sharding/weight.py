@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
+from tfdist_trainer.sharding import update_lock
 from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
 from tfdist_trainer.sharding.layout import ShardLayout
 from tfdist_trainer.sharding.shard_placement import (
@@ -97,6 +98,8 @@ class ShardedWeight:
                     trainable=trainable,
                 )
             variable._tfdist_table = (self, i)  # read by reshardable optimizers
+            if is_parameter_server(strategy):  # workers update it at once: each update whole
+                update_lock.guard(variable)
             ledger.record(variable)
             self.variables.append(variable)
         self.checkpoint = LogicalTableCheckpoint(

@@ -54,6 +54,7 @@ from tfdist_trainer.tf_compat.keras_optimizers import (
     make_optimizer_steps_atomic,
     optimizer_model_variables,
     optimizer_scalar_children,
+    optimizer_variable,
     read_learning_rate_once,
     replace_gradient_all_reduce,
 )
@@ -98,6 +99,7 @@ __all__ = [
     "moving_averages",
     "optimizer_model_variables",
     "optimizer_scalar_children",
+    "optimizer_variable",
     "recreate_variable_storage",
     "remote_value_failure",
     "read_learning_rate_once",

@@ -56,6 +56,20 @@ def adagrad_accumulator(optimizer: Any, variable: Any) -> Any:
     return optimizer._accumulators[optimizer._get_variable_index(variable)]  # noqa: SLF001
 
 
+def optimizer_variable(optimizer: Any, variable: Any) -> Any:
+    """The Keras variable an optimizer updates, given what its `update_step` was handed.
+
+    Keras 3's TF backend hands `update_step` the TF variable that stores a Keras
+    variable (`_backend_update_step` unwraps `.value`), so attributes set on the
+    Keras variable are not on it; the optimizer's private index maps one to the
+    other. Anything the optimizer does not train is returned as it is.
+    """
+    try:
+        return optimizer._trainable_variables[optimizer._get_variable_index(variable)]  # noqa: SLF001
+    except (KeyError, IndexError, AttributeError):
+        return variable
+
+
 def _with_inner(optimizer: Any) -> list:
     """The optimizer, and a loss-scale optimizer's inner one (whose `apply` does the work)."""
     inner = getattr(optimizer, "inner_optimizer", None)
