@@ -117,9 +117,10 @@ class BackgroundWriter(SyncWriter):
     def _write(self, step: int) -> str:
         # The staging directory first: SaveV2 makes the directory of its file but not that
         # directory's parent, and TF's save of the small state stages in a directory inside.
+        # What is in its way (a file) is left to the write, whose error says it in one sentence.
         staging = storage.join(self._where.directory, f"ckpt-{step}_temp")
-        if not staging.startswith("s3://"):
-            storage.makedirs(staging)
+        if not staging.startswith("s3://") and not tf.io.gfile.exists(staging):
+            tf.io.gfile.makedirs(staging)
         return super()._write(step)
 
     def _write_in_background(self, step: int, copied_s: float) -> None:

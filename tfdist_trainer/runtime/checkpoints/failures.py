@@ -26,6 +26,9 @@ from tfdist_trainer.sharding.checkpoint_mismatch import table_kind_mismatch
 #: ``[Op:SaveV2]``.
 _DECORATIONS = re.compile(r"\{\{[^}]*\}\}|\[\[.*?\]\]|\[Op:[^\]]*\]")
 
+#: What TF appends to a function's ResourceExhaustedError (a full disk too): not its cause.
+_OOM_HINT = "Hint: If you want to see a list of allocated tensors when OOM happens"
+
 #: An error of several tasks: ``2 root error(s) found.``, then ``(0) RESOURCE_EXHAUSTED: <cause>``.
 _ROOT_ERRORS = re.compile(r"\d+ root error\(s\) found")
 _ROOT_ERROR = re.compile(r"\(\d+\) [A-Z_]+: (.*)")
@@ -36,10 +39,11 @@ def one_line(error: BaseException) -> str:
     root error(s) found.``, then each: the first is the cause (also inside a function's error,
     as a lost ps reaches the parameter_server chief). A function's error (under parameter_server
     the restore and the traced write are functions) starts with ``Graph execution error:`` and
-    the place it was defined; its cause is its last line."""
+    the place it was defined; its cause is its last line (before TF's hint on out-of-memory
+    errors, which a full disk's error in a function carries too)."""
     text = getattr(error, "message", None) or str(error)
     lines = [_DECORATIONS.sub("", line).strip() for line in text.splitlines()]
-    lines = [line for line in lines if line]
+    lines = [line for line in lines if line and not line.startswith(_OOM_HINT)]
     if not lines:
         return type(error).__name__
     if any(_ROOT_ERRORS.match(line) for line in lines):
