@@ -29,7 +29,8 @@ eviction, so rows go to the features whose keys are used most.
 Strategies: one_device (or none) and parameter_server. Under mirrored,
 multi_worker_mirrored and model_parallel every replica (or device stage)
 would need the same key -> row map, so building the layer there is a
-ConfigError.
+ConfigError; so is calling it in an XLA-compiled step (`train.jit_compile`),
+which has no kernels for its hash tables.
 """
 
 from __future__ import annotations
@@ -94,6 +95,32 @@ def _refuse_replicas(layer_name: str, strategy: tf.distribute.Strategy) -> None:
         f"not {type(strategy).__name__} (every replica would need the same key -> row map); "
         f"use parameter_server, or a ShardedEmbedding of fixed size."
     )
+
+
+def _xla_refusal(names: Sequence[str]) -> ConfigError:
+    """The one sentence for dynamic tables in an XLA-compiled step."""
+    return ConfigError(
+        f"{', '.join(names)}: a DynamicEmbedding cannot run in an XLA-compiled step "
+        f"(train.jit_compile=True, or a jit_compile function): XLA has no kernels for its "
+        f"key -> row hash tables; set train.jit_compile=False, or use a ShardedEmbedding of "
+        f"fixed size."
+    )
+
+
+def refuse_jit_compile(model: keras.layers.Layer) -> None:
+    """Raises the ConfigError for `train.jit_compile=True` before the step is traced, where a
+    ConfigError still ends the task with exit 2 (raised while tracing, AutoGraph re-raises it
+    as a StagingError: a traceback and exit 1)."""
+    names = [layer.name for layer in dynamic_tables(model)]
+    if names:
+        raise _xla_refusal(names)
+
+
+def _refuse_xla(layer_name: str) -> None:
+    """Inside an XLA compile the layer's hash tables fail with TF's own obscure error (an
+    InternalError, 'RET_CHECK failure ... variable.var()->is_initialized'): say why instead."""
+    if tf_compat.in_xla_compile():
+        raise _xla_refusal([layer_name])
 
 
 def _table_device(device: str | None, strategy: tf.distribute.Strategy) -> str | None:
@@ -271,6 +298,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                 f"{self.name}: a DynamicEmbedding does not run under model_parallel (its placement "
                 f"moves layers between devices); use one_device or parameter_server."
             )
+        _refuse_xla(self.name)
         keys = as_int64_keys(self.name, self.key_dtype, keys)
         out_shape = tf.concat([tf.shape(keys), [self.output_dim]], 0)
         if tf_compat.in_symbolic_scope() or tf_compat.in_stateless_scope():

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.sharding.layout import PARTITION_STRATEGIES, ShardLayout
 from tfdist_trainer.sharding.sharded_layer import ShardedLayerMixin, resolve_num_shards
@@ -129,6 +130,13 @@ class ShardedSoftmax(ShardedLayerMixin, keras.layers.Layer):
         x = tf.cast(inputs, self.variable_dtype)
         labels = tf.cast(tf.reshape(labels, [-1]), tf.int64)
         num_sampled = num_sampled or self.num_sampled
+        if sampled_values is None and tf_compat.in_xla_compile():
+            raise ConfigError(
+                f"{self.name}: sampled_loss draws its classes with "
+                f"tf.random.log_uniform_candidate_sampler, which XLA cannot compile "
+                f"(train.jit_compile=True, or a jit_compile function); pass sampled_values "
+                f"drawn outside the compiled step (in the input pipeline), or do not compile it."
+            )
         if sampled_values is None:
             sampled_values = tf.random.log_uniform_candidate_sampler(
                 true_classes=labels[:, None],
@@ -153,15 +161,7 @@ class ShardedSoftmax(ShardedLayerMixin, keras.layers.Layer):
         true_logits -= tf.math.log(tf.reshape(tf.cast(true_expected, x.dtype), [-1]))
         sampled_logits -= tf.math.log(tf.cast(sampled_expected, x.dtype))
         if remove_accidental_hits:
-            indices, ids, weights_ = tf.nn.compute_accidental_hits(
-                labels[:, None], sampled, num_true=1
-            )
-            mask = tf.scatter_nd(
-                tf.stack([indices, tf.cast(ids, tf.int32)], 1),
-                tf.cast(weights_, x.dtype),
-                tf.shape(sampled_logits),
-            )
-            sampled_logits += mask
+            sampled_logits += _accidental_hits(labels, sampled, sampled_logits)
         logits = tf.concat([true_logits[:, None], sampled_logits], 1)
         targets = tf.concat([tf.ones_like(true_logits[:, None]), tf.zeros_like(sampled_logits)], 1)
         return tf.nn.softmax_cross_entropy_with_logits(labels=targets, logits=logits)
@@ -181,3 +181,22 @@ class ShardedSoftmax(ShardedLayerMixin, keras.layers.Layer):
             num_sampled=self.num_sampled,
         )
         return config
+
+
+def _accidental_hits(labels: tf.Tensor, sampled: tf.Tensor, sampled_logits: tf.Tensor) -> tf.Tensor:
+    """What removes a sampled class equal to the example's true class from its logits: the
+    lowest float there (`tf.nn.compute_accidental_hits`' weights), 0 elsewhere.
+
+    Inside an XLA compile, one comparison of every label with every sampled class:
+    `ComputeAccidentalHits` has no XLA kernel, and its output's size is known only at run time.
+    """
+    if tf_compat.in_xla_compile():
+        hit = tf.equal(labels[:, None], sampled[None, :])
+        lowest = tf.constant(sampled_logits.dtype.min, sampled_logits.dtype)
+        return tf.where(hit, lowest, tf.zeros_like(sampled_logits))
+    indices, ids, weights = tf.nn.compute_accidental_hits(labels[:, None], sampled, num_true=1)
+    return tf.scatter_nd(
+        tf.stack([indices, tf.cast(ids, tf.int32)], 1),
+        tf.cast(weights, sampled_logits.dtype),
+        tf.shape(sampled_logits),
+    )

@@ -11,6 +11,10 @@ the lookup gathers every id from every shard (masked): each shard's
 IndexedSlices gradient then has the same size on every replica and every
 step, which TF 2.21's all-gather needs inside the Trainer's `tf.while_loop`
 ("Shape mismatch in the collective instance").
+
+Inside an XLA compile (`jit_compile`) the lookup is that masked one, each distinct
+id once and every shape fixed by the ids' (`ShardedWeight.gather`): XLA cannot
+compile the split by shard. The eager and graph lookups are unchanged.
 """
 
 from __future__ import annotations
@@ -152,22 +156,70 @@ class ShardedWeight:
         all-gather of IndexedSlices between synchronous replicas fails inside a
         `tf.while_loop` (the Trainer's step loop) when their sizes change
         ("Shape mismatch in the collective instance"; TF 2.21).
+
+        Inside an XLA compile (`jit_compile`) every shard gathers every id
+        (masked), each distinct id once (`_padded_unique`), whatever the shard
+        count: the split by shard (`tf.dynamic_partition`, `tf.dynamic_stitch`)
+        does not compile ("Reading input as constant from a dynamic tensor is not
+        yet supported"), and `tf.unique`, which does, gives a gradient of dynamic
+        size whose rows `SparseAdagrad`'s update partly skips under XLA (TF 2.21).
+        Each shard's gradient holds each distinct id's row once, as outside XLA
+        (Keras' Adam and Adagrad square each row of an `IndexedSlices` gradient:
+        an id's rows repeated would train differently), and zero rows at its row 0
+        in its other slots. The ids' range checks are left out there: XLA drops
+        assertions (as for a plain Keras `Embedding`, an id out of range reads a
+        wrong row or zeros).
         """
         if fixed_size is None:
             fixed_size = _synchronous_replicas() > 1
         variables = self.tf_variables()
+        if tf_compat.in_xla_compile():
+            return self._masked_gather(ids, variables, unique and not fixed_size, validate=False)
         if not fixed_size or len(variables) == 1:
             split = self.split_ids(ids, unique and not fixed_size, validate)
             return split.rows([tf_compat.sparse_read(v, p) for v, p in zip(variables, split.local)])
+        return self._masked_gather(ids, variables, False, validate)
+
+    def _masked_gather(
+        self, ids: tf.Tensor, variables: list, unique: bool, validate: bool
+    ) -> tf.Tensor:
+        """Every shard gathers one row per id (per distinct id with `unique`), another shard's id
+        at local row 0, masked to zeros: shapes fixed by the ids' alone, the same on every
+        replica and at every step, and compilable by XLA."""
         ids = tf.convert_to_tensor(ids)
-        shard, local = self.layout.assign(self.flat_ids(ids, validate))
+        flat, used = self.flat_ids(ids, validate), None
+        if unique:
+            flat, used, slots = _padded_unique(flat)
+        shard, local = self.layout.assign(flat)
         rows = None
         for i, variable in enumerate(variables):
-            mine = tf.equal(shard, i)
+            mine = tf.equal(shard, i) if used is None else tf.equal(shard, i) & used
             gathered = tf_compat.sparse_read(variable, tf.where(mine, local, tf.zeros_like(local)))
             part = tf.where(mine[:, None], gathered, tf.zeros_like(gathered))
             rows = part if rows is None else rows + part
+        if unique:
+            rows = tf.gather(rows, slots)
         return tf.reshape(rows, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+
+def _padded_unique(flat: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """`tf.unique` of an id vector, padded to its size: (`distinct`, `used`, `slots`), where
+    `distinct` holds the k distinct ids in increasing order, then zeros, `used` is True for those
+    k, and `distinct[slots] == flat`.
+
+    By sorting: every shape is the input's, where `tf.unique`'s output has a size known only at
+    run time, which XLA compiles into gradients that `SparseAdagrad` updates wrongly (`gather`).
+    """
+    size = tf.size(flat)
+    order = tf.argsort(flat, stable=True)
+    ordered = tf.gather(flat, order)
+    firsts = tf.concat([tf.ones([1], tf.bool), tf.not_equal(ordered[1:], ordered[:-1])], 0)
+    firsts = firsts[:size]  # an empty batch: no first
+    ordered_slots = tf.cumsum(tf.cast(firsts, tf.int32)) - 1
+    slots = tf.scatter_nd(order[:, None], ordered_slots, tf.shape(flat))
+    used = tf.range(size) < tf.reduce_sum(tf.cast(firsts, tf.int32))
+    distinct = tf.math.unsorted_segment_max(ordered, ordered_slots, size)
+    return tf.where(used, distinct, tf.zeros_like(distinct)), used, slots
 
 
 class ShardIds:

@@ -6,7 +6,7 @@ against the installed TensorFlow and Keras, so an upgrade that removes or
 changes one fails there, by name, instead of deep inside a training run.
 
 One module per area (checkpoints, a background save's copies, Keras variables, Keras optimizers and metrics,
-tf.distribute, compiled Keras models); every name is re-exported here, so callers write
+tf.distribute, compiled Keras models, XLA); every name is re-exported here, so callers write
 `tf_compat.<name>` whatever module holds it.
 
 TensorFlow and Keras are imported inside the functions: importing this package
@@ -71,6 +71,7 @@ from tfdist_trainer.tf_compat.keras_variables import (
     variable_storage,
     wrap_deferred_initializer,
 )
+from tfdist_trainer.tf_compat.xla import in_xla_compile
 
 __all__ = [
     "COORDINATOR_BUSY_FRAME",
@@ -92,6 +93,7 @@ __all__ = [
     "identity_dict",
     "in_stateless_scope",
     "in_symbolic_scope",
+    "in_xla_compile",
     "local_component",
     "make_accumulations_atomic",
     "make_metric_updates_atomic",

@@ -35,6 +35,7 @@ from tfdist_trainer.plan.strategies import StrategyConfig
 from tfdist_trainer.plan.task import TaskContext
 from tfdist_trainer.runtime import loops, shutdown, whole_tables
 from tfdist_trainer.runtime.loops import accumulate
+from tfdist_trainer.sharding.dynamic_embedding import refuse_jit_compile
 
 
 def available_gpus() -> list:
@@ -176,11 +177,22 @@ class StrategyRuntime:
         return lambda value: int(max_over_workers(tf.constant(value, tf.int64)))
 
     def check_jit_compile(self, jit_compile: bool) -> None:
-        """XLA puts a step on one device: refuse it where the variables live on several of one process."""
+        """XLA compiles a step against variables on its own device: refuse it where they live on the
+        ps tasks (a scheduled step runs on a worker) or on several devices of one process."""
+        if not jit_compile:
+            return
+        if self.schedules:
+            raise ConfigError(
+                f"train.jit_compile=True cannot run {self.config.name}: a worker's step reads and "
+                f"updates variables on the ps tasks, and TensorFlow's XLA compiles a step only "
+                f"against variables on its own device ('Trying to access resource ... located in "
+                f"device /job:ps/...'); set train.jit_compile=False, or use one_device, or "
+                f"mirrored / multi_worker_mirrored on GPUs."
+            )
         replicas_on_cpus = self.strategy.num_replicas_in_sync > 1 and all(
             "CPU" in d.upper() for d in self.strategy.extended.worker_devices
         )
-        if jit_compile and (not self.config.supports_jit_compile or replicas_on_cpus):
+        if not self.config.supports_jit_compile or replicas_on_cpus:
             raise ConfigError(
                 f"train.jit_compile=True cannot run {self.config.name} over several devices of one "
                 f"process: XLA puts every step on one device, away from variables on the others; use "
@@ -197,6 +209,8 @@ class StrategyRuntime:
         agree: Callable[[int], int] | None = None,
     ) -> Any:
         """The loop that runs this task's training steps: in the task, or scheduled onto workers."""
+        if experiment.jit_compile:  # now: raised while the step is traced it would not be exit 2
+            refuse_jit_compile(trainer.model)
         steps_per_loop = experiment.steps_per_loop
         if experiment.auto_steps_per_loop:
             initial = min(8, experiment.steps_per_loop)
