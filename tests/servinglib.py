@@ -107,7 +107,14 @@ np.savez(
     predictions=predictions,
     **{k: v.astype(bytes) if v.dtype == object else v for k, v in inputs.items()},
 )
-print(json.dumps({"examples": len(predictions)}))
+# What an export must hold, each once: the weights, and the key -> row tables a dynamic table
+# serves with (what it adds to a SavedModel: saved_model_children).
+state = {id(w): int(np.prod(w.shape)) * tf.as_dtype(w.dtype).size for w in model.weights}
+for layer in model.layers:
+    for child in getattr(layer, "saved_model_children", dict)({}).values():
+        if hasattr(child, "export"):
+            state[id(child)] = sum(t.numpy().nbytes for t in child.export())
+print(json.dumps({"examples": len(predictions), "state_bytes": sum(state.values())}))
 """
 
 
@@ -117,6 +124,17 @@ def checkpoint_predictions(
     """(inputs, predictions) of the model the gin config builds here, outside any cluster, with
     `checkpoint`'s weights: `examples` of its evaluation data, the last `unseen` with fresh raw ids
     (keys no dynamic table has seen). The reference a served export must reproduce."""
+    inputs, predictions, _ = checkpoint_reference(
+        gin_files, gin_bindings, checkpoint, examples=examples, unseen=unseen
+    )
+    return inputs, predictions
+
+
+def checkpoint_reference(
+    gin_files: list[str], gin_bindings: list[str], checkpoint: str, *, examples: int, unseen: int
+) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
+    """`checkpoint_predictions`, and the bytes of that model's state (its weights, and the key ->
+    row tables of its dynamic tables), which its export holds once."""
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "predictions.npz")
         args = {
@@ -138,34 +156,43 @@ def checkpoint_predictions(
         assert result.returncode == 0, result.stderr[-3000:]
         saved = dict(np.load(out, allow_pickle=False))
         predictions = saved.pop("predictions")
-        return saved, predictions
+        state_bytes = json.loads(result.stdout.strip().splitlines()[-1])["state_bytes"]
+        return saved, predictions, state_bytes
 
 
 def model_weight_bytes(checkpoint: str) -> int:
-    """Bytes of the model's weights in `checkpoint`: its ``model/`` values, each at its dtype's size."""
+    """Bytes of the model's weights in `checkpoint`, each at its dtype's size: its variables, wherever
+    the checkpoint keeps them (a value is named by its first place in the object graph: a model's
+    weights may sit under ``optimizer/_trainable_variables/``), and its sharded tables."""
     import tensorflow as tf
+
+    from tfdist_trainer import tf_compat
 
     reader = tf.train.load_checkpoint(checkpoint)
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-    return sum(
-        int(np.prod(shape)) * dtypes[name].size
-        for name, shape in shapes.items()
-        if name.startswith("model/")
-    )
+    keys = set(tf_compat.checkpoint_variable_names(checkpoint, child="model"))
+    keys |= {k for k in shapes if k.startswith("model/") and k.endswith("/.ATTRIBUTES/table")}
+    return sum(int(np.prod(shapes[k])) * dtypes[k].size for k in keys)
 
 
 def exported_bytes(export_dir: str) -> int:
-    """Bytes of a SavedModel's variables (its ``variables/*.data-*`` files)."""
+    """Bytes of a SavedModel's values: its ``variables/*.data-*`` files, less the object graph
+    they also hold (a few KiB of names, a share of a small model's bytes)."""
+    import tensorflow as tf
+
     variables_dir = os.path.join(export_dir, "variables")
-    return sum(
+    files = sum(
         os.path.getsize(os.path.join(variables_dir, name))
         for name in os.listdir(variables_dir)
         if ".data-" in name
     )
+    reader = tf.train.load_checkpoint(os.path.join(variables_dir, "variables"))
+    return files - len(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
 
 
-def assert_each_weight_exported_once(export_dir: str, checkpoint: str) -> None:
-    """The export's variables are the size of the model's weights in `checkpoint`, within 2%
-    (Keras' own `model.export` saves every weight twice: tf_compat.export_archive_of)."""
-    weights, exported = model_weight_bytes(checkpoint), exported_bytes(export_dir)
-    assert weights <= exported <= 1.02 * weights, (export_dir, exported, weights)
+def assert_each_weight_exported_once(export_dir: str, weights: int) -> None:
+    """The export's values are the size of the model's `weights` (bytes: `model_weight_bytes`, or
+    `checkpoint_reference`'s state) within 2%: each weight once, where Keras' own `model.export`
+    saves every weight twice (tf_compat.export_archive_of)."""
+    exported = exported_bytes(export_dir)
+    assert 0.98 * weights <= exported <= 1.02 * weights, (export_dir, exported, weights)

@@ -21,7 +21,11 @@ from clusterlib import (
     strategy_gin,
     train_cmd,
 )
-from servinglib import checkpoint_predictions, serve_in_clean_process
+from servinglib import (
+    assert_each_weight_exported_once,
+    checkpoint_reference,
+    serve_in_clean_process,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -89,7 +93,7 @@ def test_a_two_ps_run_exports_a_model_that_a_clean_process_serves_on_raw_keys(tw
     )
     assert export.returncode == 0, export.stdout[-4000:]
     # The reference: the model on the training run's 2 shards (the export holds 1), its checkpoint.
-    inputs, expected = checkpoint_predictions(
+    inputs, expected, state_bytes = checkpoint_reference(
         [DYNAMIC_TINY], ["ClickTrainer.num_shards=2"], checkpoint, examples=1000, unseen=300
     )
     # --mode=export, ExportSavedModel and BestExporter (step 60 is the only evaluation: the best).
@@ -105,6 +109,8 @@ def test_a_two_ps_run_exports_a_model_that_a_clean_process_serves_on_raw_keys(tw
         assert "LookupTableFindV2" in ops, ops  # the raw keys are looked up in the served model
         # The served graph only reads: none of the training step's locking and bookkeeping.
         assert not any("Critical" in op or "MutexLock" in op for op in ops), ops
+        # Each weight once, the pools and the key -> row tables (whole: their free buckets too).
+        assert_each_weight_exported_once(export_dir, state_bytes)
 
 
 def test_a_two_ps_checkpoint_resumes_on_three_ps_with_its_keys_rehashed(two_ps_run):

@@ -14,6 +14,7 @@ import clusterlib
 import numpy as np
 import tensorflow as tf
 from clusterlib import FAST_MNIST, REPO, strategy_gin, train_cmd
+from servinglib import assert_each_weight_exported_once, model_weight_bytes
 
 TIMEOUT_S = 240
 
@@ -47,6 +48,9 @@ def test_mnist_best_export_then_warm_start(tmp_path):
     loaded = tf.saved_model.load(str(export_dir / str(steps[-1])))
     served = loaded.serve(tf.zeros([3, 28, 28, 1], tf.float32))
     assert served.shape == (3, 10)
+    assert_each_weight_exported_once(
+        str(export_dir / str(steps[-1])), model_weight_bytes(record["checkpoint"])
+    )
 
     out = tfdist_train(
         *FAST_MNIST,

@@ -31,6 +31,7 @@ from clusterlib import REPO, launch_cmd, read_records, strategy_gin, train_cmd
 from servinglib import (
     assert_each_weight_exported_once,
     checkpoint_predictions,
+    model_weight_bytes,
     serve_in_clean_process,
 )
 
@@ -569,7 +570,9 @@ def test_a_model_sharded_over_two_ps_exports_and_serves_from_a_clean_process(two
     export_dir = os.path.join(model_dir, "export", f"ckpt-{FIRST_STEPS}")
     served, _ = serve_in_clean_process(export_dir, inputs)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
-    assert_each_weight_exported_once(export_dir, os.path.join(model_dir, f"ckpt-{FIRST_STEPS}"))
+    assert_each_weight_exported_once(
+        export_dir, model_weight_bytes(os.path.join(model_dir, f"ckpt-{FIRST_STEPS}"))
+    )
 
 
 RAW_IDS = {"int64": "ClickTrainer.id_space='open'", "string": "ClickTrainer.key_dtype='string'"}
@@ -610,7 +613,7 @@ def test_fixed_tables_of_raw_ids_export_a_model_that_serves_keys_it_never_saw(tm
     assert served.shape == expected.shape == (600, 1)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
     assert "Fingerprint" in ops, ops  # the keys are hashed in the served model
-    assert_each_weight_exported_once(export_dir, checkpoint)
+    assert_each_weight_exported_once(export_dir, model_weight_bytes(checkpoint))
 
 
 def _trained_rows_since(saved_prefix: str, resumed_prefix: str) -> dict[str, int]:

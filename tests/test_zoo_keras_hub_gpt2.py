@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import zoo
+from servinglib import assert_each_weight_exported_once, model_weight_bytes
 
 
 @pytest.mark.cluster
@@ -31,4 +34,10 @@ def test_keras_hub_gpt2_takes_the_everyday_knobs(strategy, tmp_path):
             "train.extra_hooks=[@ExportSavedModel()]",
         ],
     )
-    assert (tmp_path / strategy / "export" / str(zoo.TRAIN_STEPS) / "saved_model.pb").exists()
+    model_dir = tmp_path / strategy
+    export_dir = model_dir / "export" / str(zoo.TRAIN_STEPS)
+    assert (export_dir / "saved_model.pb").exists()
+    # Each weight once, the tied embedding and head included.
+    assert_each_weight_exported_once(
+        str(export_dir), model_weight_bytes(os.path.join(model_dir, f"ckpt-{zoo.TRAIN_STEPS}"))
+    )

@@ -14,6 +14,7 @@ import re
 
 import pytest
 import zoo
+from servinglib import assert_each_weight_exported_once, model_weight_bytes
 
 MODEL = "keras_rs_dlrm"
 TABLES = 6  # KerasRsDlrmTrainer.vocab_sizes in configs/zoo/keras_rs_dlrm.gin
@@ -47,14 +48,15 @@ def assert_no_table_read_whole(stdout: str) -> None:
 @pytest.mark.cluster
 def test_keras_rs_dlrm_tables_shard_evenly_over_two_ps(tmp_path):
     """parameter_server, 2 workers and 2 ps: trains, every table is split over both ps, and the
-    table bytes per ps (model_dir/variable_placement.json, the chief's record) differ by < 10%."""
+    table bytes per ps (model_dir/variable_placement.json, the chief's record) differ by < 10%.
+    Exported at the end, each weight once."""
     model_dir = tmp_path / "parameter_server"
     stdout = zoo.train_and_check(
         MODEL,
         "parameter_server",
         str(model_dir),
         cluster=("--num_workers=2", "--num_ps=2"),
-        extra=[WARN_ANY_TABLE],
+        extra=[WARN_ANY_TABLE, "train.extra_hooks=[@ExportSavedModel()]"],
     )
     with open(os.path.join(model_dir, "variable_placement.json")) as f:
         records = json.load(f)["variables"]
@@ -77,6 +79,10 @@ def test_keras_rs_dlrm_tables_shard_evenly_over_two_ps(tmp_path):
     # The checkpoint holds every table (Keras 3 alone saves no sublayer kept in a list).
     import tensorflow as tf
 
-    saved = [name for name, _ in tf.train.list_variables(tf.train.latest_checkpoint(model_dir))]
+    checkpoint = tf.train.latest_checkpoint(model_dir)
+    saved = [name for name, _ in tf.train.list_variables(checkpoint)]
     for table in tasks_of:
         assert any(name.startswith("model/") and f"/{table}/" in name for name in saved), saved
+    assert_each_weight_exported_once(
+        str(model_dir / "export" / str(zoo.TRAIN_STEPS)), model_weight_bytes(checkpoint)
+    )
