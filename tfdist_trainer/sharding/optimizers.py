@@ -43,6 +43,7 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
         lock = update_lock.lock_of(tf_compat.optimizer_variable(self, variable))
         if lock is None:  # one update at a time (not a table, or not parameter_server)
             return update(gradient, variable, learning_rate)
+        gradient = update_lock.on_device_of(variable, gradient)
         lock.run(lambda: update(gradient, variable, learning_rate))
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
