@@ -71,6 +71,7 @@ class Snapshot:
                 }
             stand_ins[trackable] = given_tensors(reads, tf_compat.saved_full_name(trackable))
         tf_compat.save_stand_ins(checkpoint, stand_ins)
+        self._here = tf.constant(0).device  # this task's CPU, where `take` waits for the copies
         # Traced now, at start-up: the first save would otherwise hold training for the trace.
         # Kept as the concrete function: a tf.function called from another thread (the stall
         # save's) traces again, since the strategy scope is per thread, and a new function is
@@ -79,8 +80,12 @@ class Snapshot:
 
     def take(self) -> None:
         """Copies the small state as it is now; returns once every copy is done (training may go
-        on). The tables are read by the write (`write_parts`)."""
-        self._refresh()
+        on). The tables are read by the write (`write_parts`).
+
+        Waits for the copies' answer: a function whose ops all run on other tasks (a ps's
+        copies) is only dispatched by the call, and a worker's next step could then update
+        the state before it is copied."""
+        self._refresh().numpy()
 
     def write_parts(self, prefix: tf.Tensor) -> tuple[list[Any], list[tf.Tensor]]:
         """Inside the traced write: the tables, a part at a time per task, into files
@@ -123,12 +128,17 @@ class Snapshot:
             for key, value in saved.items()
         }
 
-    def _assign_all(self) -> None:
+    def _assign_all(self) -> tf.Tensor:
+        """Copies every small tensor; returns a tensor of this task's that is computed once they
+        all are (`take` waits for it)."""
         saved = {}
+        copied = []
         for trackable, key, spec, copy in self._pairs:
             if id(trackable) not in saved:
                 saved[id(trackable)] = tf_compat.saved_tensors(trackable)
             value = saved[id(trackable)][key]
             tensor, _ = tf_compat.saved_value(value[spec] if spec is not None else value)
             with tf.device(copy.device):
-                copy.assign(tensor)
+                copied.append(copy.assign(tensor, read_value=False))
+        with tf.device(self._here), tf.control_dependencies(copied):
+            return tf.constant(True)
