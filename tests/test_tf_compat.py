@@ -559,7 +559,9 @@ def test_optimizer_variable_is_the_keras_variable_of_what_update_step_is_handed(
     optimizer.build([first, second])
     for variable in (first, second):
         found = tf_compat.optimizer_variable(optimizer, tf_compat.variable_storage(variable))
-        assert found is variable, broken("Optimizer._trainable_variables/_get_variable_index", found)
+        assert found is variable, broken(
+            "Optimizer._trainable_variables/_get_variable_index", found
+        )
     stranger = tf.Variable(1.0)
     assert tf_compat.optimizer_variable(optimizer, stranger) is stranger
 
