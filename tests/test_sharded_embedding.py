@@ -676,6 +676,14 @@ def test_two_ps_checkpoint_resumes_on_three_ps_with_its_rows_and_slots_at_the_sa
     assert len(ps_tasks) == 3, placement["bytes_per_task"]
     # 5 -> 3 shards a table
     assert len([r for r in placement["variables"] if "_shard_" in r["name"]]) == 6 * 3
+    # The 3 ps restored the rows and accumulators the 2 ps saved: rows the 40 steps since did not
+    # train read as saved. table_0's ids are Zipf-like over 4,000 rows: ~3,000 distinct ones in
+    # 40 steps of 256 examples, so ~1,000 of its rows compare.
+    untrained = _trained_rows_since(
+        os.path.join(model_dir, f"ckpt-{FIRST_STEPS}"),
+        os.path.join(model_dir, f"ckpt-{FIRST_STEPS + MORE_STEPS}"),
+    )
+    assert untrained["table_0"] >= 400, untrained
 
     after = read_records(model_dir)[len(before) :]
     resumed = [r for r in after if r["kind"] == "train"]
@@ -688,14 +696,6 @@ def test_two_ps_checkpoint_resumes_on_three_ps_with_its_rows_and_slots_at_the_sa
     final_eval = [r for r in after if r["kind"] == "eval"][-1]
     assert final_eval["eval_loss"] < last_eval["eval_loss"] + 0.01, (final_eval, last_eval)
     assert final_eval["eval_auc"] > last_eval["eval_auc"] - 0.01, (final_eval, last_eval)
-    # The 3 ps restored the rows and accumulators the 2 ps saved: rows the 40 steps since did not
-    # train read as saved. table_0's ids are Zipf-like over 4,000 rows: ~3,000 distinct ones in
-    # 40 steps of 256 examples, so ~1,000 of its rows compare.
-    untrained = _trained_rows_since(
-        os.path.join(model_dir, f"ckpt-{FIRST_STEPS}"),
-        os.path.join(model_dir, f"ckpt-{FIRST_STEPS + MORE_STEPS}"),
-    )
-    assert untrained["table_0"] >= 400, untrained
 
 
 def test_equal_sized_shards_of_one_initializer_start_different_and_seeded_ones_reproduce():
