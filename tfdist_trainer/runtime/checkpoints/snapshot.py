@@ -31,7 +31,6 @@ import tensorflow as tf
 from tfdist_trainer import tf_compat
 from tfdist_trainer.runtime.checkpoints import table_parts
 from tfdist_trainer.runtime.checkpoints.table_parts import Part
-from tfdist_trainer.tf_compat import checkpoint_copies
 
 
 class Snapshot:
@@ -47,7 +46,7 @@ class Snapshot:
         self.parts: list[Part] = []
         stand_ins = tf_compat.identity_dict()
         given_tensors = tf_compat.tensors_trackable()
-        names = checkpoint_copies.object_names(checkpoint)
+        names = tf_compat.object_names(checkpoint)
         for trackable in tf.train.TrackableView(checkpoint).descendants():
             if trackable is checkpoint:
                 continue
@@ -114,8 +113,8 @@ class Snapshot:
         given, and one for the tables' device would hold nothing."""
 
         def record(value: Any) -> Any:
-            dtype, device = checkpoint_copies.saved_dtype_and_device(value)
-            return lambda: checkpoint_copies.recorded_not_written(
+            dtype, device = tf_compat.saved_dtype_and_device(value)
+            return lambda: tf_compat.recorded_not_written(
                 dtype, self._pairs[0][3].device if self._pairs else device
             )
 

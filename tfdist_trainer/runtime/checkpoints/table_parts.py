@@ -31,9 +31,9 @@ from typing import Any
 
 import tensorflow as tf
 
+from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
 from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
-from tfdist_trainer.tf_compat import checkpoint_copies
 
 #: (checkpoint key, slice spec or "", tensor): one tensor a part writes.
 Entry = tuple[str, str, tf.Tensor]
@@ -59,10 +59,10 @@ def parts_of(trackable: Any, object_name: str, saved: dict[str, Any]) -> list[Pa
     and rows, exported by shard, each shard in its critical section)."""
     if isinstance(trackable, LogicalTableCheckpoint):
         ((local, slices),) = saved.items()
-        key = checkpoint_copies.checkpoint_key(object_name, local)
+        key = tf_compat.checkpoint_key(object_name, local)
         return [  # in save order: `copy_slice(index)` is the slice `spec` names
             Part(
-                checkpoint_copies.saved_dtype_and_device(value)[1],
+                tf_compat.saved_dtype_and_device(value)[1],
                 lambda index=index, spec=spec: [(key, spec, trackable.copy_slice(index))],
             )
             for index, (spec, value) in enumerate(slices.items())
@@ -70,11 +70,11 @@ def parts_of(trackable: Any, object_name: str, saved: dict[str, Any]) -> list[Pa
 
     def export() -> list[Entry]:
         return [
-            (checkpoint_copies.checkpoint_key(object_name, local), "", tensor)
+            (tf_compat.checkpoint_key(object_name, local), "", tensor)
             for local, tensor in trackable._serialize_to_tensors().items()  # noqa: SLF001
         ]
 
-    devices = [checkpoint_copies.saved_dtype_and_device(v)[1] for v in saved.values()]
+    devices = [tf_compat.saved_dtype_and_device(v)[1] for v in saved.values()]
     return [Part(devices[0], export)]
 
 
