@@ -70,8 +70,8 @@ def parts_of(trackable: Any, object_name: str, saved: dict[str, Any]) -> list[Pa
 
     def export() -> list[Entry]:
         return [
-            (tf_compat.checkpoint_key(object_name, local), "", tensor)
-            for local, tensor in trackable._serialize_to_tensors().items()  # noqa: SLF001
+            (tf_compat.checkpoint_key(object_name, local), "", tf_compat.saved_value(value)[0])
+            for local, value in tf_compat.saved_tensors(trackable).items()
         ]
 
     devices = [tf_compat.saved_dtype_and_device(v)[1] for v in saved.values()]
