@@ -244,21 +244,34 @@ def test_stacked_lookup_smoke_updates_the_same_rows_every_way(tmp_path):
     assert "speedup vs per_shard" in stdout
 
 
+@pytest.mark.timeout(420)
 def test_sparse_update_smoke_writes_the_same_tables_every_way(tmp_path):
-    """SparseAdagrad, TF's scatters and TF's fused kernel apply the same Adagrad to the same
-    rows: after the same updates, the same tables; the library's ratio is the figure."""
+    """SparseAdagrad (with its shard lock and without), TF's scatters and TF's fused kernel apply
+    the same Adagrad to the same rows: by one updater, after the same updates, the same tables;
+    the library's ratio is the figure. By 2 updaters at once (--smoke: --updaters=1,2) each
+    reports the share of updates its accumulators lost; the locked library's loses none."""
     out = str(tmp_path / "bench")
-    stdout = run_smoke("benchmarks.sparse_update", out, timeout=240)
+    stdout = run_smoke("benchmarks.sparse_update", out, timeout=400)
     payload = load(out, "sparse_update")
-    assert payload["baseline"] == "scatters"
+    assert payload["baseline"] == "scatters" and payload["config"]["updaters"] == [1, 2]
     results = payload["results"]
-    assert set(results) == {"sparse_adagrad", "scatters", "fused"}
-    for result in results.values():
-        assert result["tables"] == 26 and result["steps_per_s"] > 0, result
+    variants = ("sparse_adagrad", "sparse_adagrad_unlocked", "scatters", "fused")
+    assert set(results) == {*variants, *(f"{v}@2" for v in variants)}
+    for name, result in results.items():
+        assert result["tables"] == 26 and result["updates_per_s"] > 0, result
         assert result["distinct_ids_per_update"] > 26, result
-    tables = {name: [float(x) for x in r["final_tables"].split()] for name, r in results.items()}
-    for name in ("sparse_adagrad", "fused"):
+        assert result["updaters"] == (2 if "@" in name else 1), result
+        assert result["updates_per_request"] == 5 * result["updaters"], result
+        assert result["cpu_ms_per_update"] > 0 and -1e-4 < result["lost_updates"] < 1, result
+    tables = {v: [float(x) for x in results[v]["final_tables"].split()] for v in variants}
+    for name in ("sparse_adagrad", "sparse_adagrad_unlocked", "fused"):
         assert tables[name] == pytest.approx(tables["scatters"], rel=1e-5), name
+    # one updater loses nothing any way; two lose nothing under the lock (nor by TF's scatters,
+    # each a single kernel under the variable's lock)
+    for name in [*variants, "sparse_adagrad@2", "scatters@2"]:
+        assert abs(results[name]["lost_updates"]) < 1e-4, (name, results[name]["lost_updates"])
+        assert abs(results[name]["lost_updates_since_start"]) < 1e-4, name
     (figure,) = check_figures(payload)
     assert figure["ratio"] == results["sparse_adagrad"]["cpu_ratio_vs_baseline"] > 0
     assert "less CPU vs the same update by TF's scatter_add" in stdout
+    assert "lost: the share of the updates the accumulators miss" in stdout
