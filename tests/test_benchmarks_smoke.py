@@ -7,7 +7,7 @@ mirrored_vs_one_device; model_parallel and data_service run below; ps_vs_tf_kera
 mnist_time_to_accuracy in tests/test_bench_*.py; large_tables (one_device and
 multi_worker_mirrored), dynamic_tables (fixed and dynamic tables, one_device), stacked_lookup
 (one lookup per shard or per ps, in-process servers) and sparse_update (one ps's Adagrad update,
-three ways) below.
+four ways, by 1 and 2 updaters at once) below.
 """
 
 from __future__ import annotations
