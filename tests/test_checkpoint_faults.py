@@ -112,7 +112,8 @@ def assert_resumed_past(
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
-        (truncate, "IndexError: Read less bytes than requested"),
+        # TF names the short read IndexError or OutOfRangeError, by which file is cut short
+        (truncate, "Read less bytes than requested"),
         (remove_index, "its .index file is missing"),
         (flip_bytes, "Checksum does not match"),
     ],
@@ -137,7 +138,12 @@ def test_no_readable_checkpoint_is_one_sentence_and_exit_2(trained, tmp_path):
     before = sorted(os.listdir(model_dir))
     result = run(train_cmd(*train_args(model_dir)), timeout=TIMEOUT_S)
     assert_one_error_line(
-        result, EXIT_CONFIG, "no checkpoint listed in", "ckpt-200: IndexError", "ckpt-100: Index"
+        result,
+        EXIT_CONFIG,
+        "no checkpoint listed in",
+        "ckpt-200: ",
+        "ckpt-100: ",
+        "Read less bytes than requested",
     )
     assert sorted(os.listdir(model_dir)) == before  # nothing moved: a person chooses
     assert latest_step(model_dir) == 200
