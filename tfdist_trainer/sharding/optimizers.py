@@ -156,9 +156,33 @@ class SparseAdagrad(ReshardableOptimizerMixin, _RowAdagrad):
     click benchmark; one ps's update of a step takes 1.34x less CPU this way
     (`benchmarks/sparse_update.py`, BUILD.md).
 
-    Exact under parameter_server: the read and the write-back of a shard run
-    under the shard's lock (`update_lock`), so updates of the same rows from
-    several workers are applied one after the other, each on the rows the one
-    before wrote; none is lost (without the lock 38-44% of them were, with 4
-    workers on rows every batch touches).
+    Exact under parameter_server: where a shard has a lock (`update_lock`: several
+    workers update it), its sparse update is TF's fused
+    `ResourceSparseApplyAdagradV2` with ``use_locking=True``, which holds both
+    variables' locks for the whole update, so updates of the same rows from
+    several workers are applied one after the other; none is lost (without a
+    lock 38-44% of them were, with 4 workers on rows every batch touches). The
+    fused kernel costs more CPU per row than the write-back, but less than the
+    shard lock's own ops (click benchmark: BUILD.md, "Update semantics").
     """
+
+    def update_step(self, gradient, variable, learning_rate):
+        locked = update_lock.lock_of(tf_compat.optimizer_variable(self, variable)) is not None
+        if not (locked and isinstance(gradient, tf.IndexedSlices)):
+            return super().update_step(gradient, variable, learning_rate)
+        accumulator = tf_compat.variable_storage(tf_compat.adagrad_accumulator(self, variable))
+        stored = tf_compat.variable_storage(variable)
+        with tf.device(stored.device):
+            indices, position = tf.unique(tf.cast(gradient.indices, tf.int64))
+            values = tf.math.unsorted_segment_sum(
+                tf.cast(gradient.values, stored.dtype), position, tf.shape(indices)[0]
+            )
+            tf.raw_ops.ResourceSparseApplyAdagradV2(
+                var=stored.handle,
+                accum=accumulator.handle,
+                lr=tf.cast(learning_rate, stored.dtype),
+                epsilon=tf.constant(self.epsilon, stored.dtype),
+                grad=values,
+                indices=indices,
+                use_locking=True,
+            )

@@ -110,7 +110,7 @@ def whole_reads(graph: tf.Graph, variables: list, min_bytes: int) -> list[dict[s
 def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, Any]:
     """What a traced step graph does with the model's sharded tables (for tests and debugging).
 
-    Counts the sparse accesses (ResourceGather, ResourceScatter*) and the
+    Counts the sparse accesses (ResourceGather, ResourceScatter*, ResourceSparseApply*) and the
     collective ops between synchronous replicas (each a round trip between
     workers under multi_worker_mirrored), and lists any
     op whose output has the full shape of a table or of a whole shard: a dense
@@ -125,7 +125,7 @@ def step_access_report(graph: tf.Graph, model: keras.layers.Layer) -> dict[str, 
             full_shapes.add((table.layout.rows(i), table.dim))
     sparse, collectives, dense = {}, {}, []
     for op in _operations(graph):
-        if op.type.startswith(("ResourceGather", "ResourceScatter")):
+        if op.type.startswith(("ResourceGather", "ResourceScatter", "ResourceSparseApply")):
             sparse[op.type] = sparse.get(op.type, 0) + 1
         elif op.type.startswith("Collective"):
             collectives[op.type] = collectives.get(op.type, 0) + 1
