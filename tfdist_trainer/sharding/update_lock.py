@@ -12,7 +12,9 @@ only because each one is a single kernel; a whole update is a sequence of them.
 
 So a shard that may be updated concurrently gets a `tf.CriticalSection` on its
 own device (`guard`), and the re-shardable optimizers run every update of it
-inside (`ReshardableOptimizerMixin.update_step`): the lock and the update are
+inside (`ReshardableOptimizerMixin.update_step`; `SparseAdagrad`'s sparse update
+instead runs TF's fused kernel with ``use_locking=True``, which holds the
+variables' own locks for the whole update at less cost than the lock's ops): the lock and the update are
 ops of the ps that holds the shard, so nothing crosses the network for it, and
 updates of different shards never wait for each other. A dynamic table's pool
 has a lock of its own too, apart from its shard's critical section (the step
