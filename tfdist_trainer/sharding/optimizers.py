@@ -120,6 +120,16 @@ class SGD(ReshardableOptimizerMixin, keras.optimizers.SGD):
     """Keras SGD (sparse updates for IndexedSlices) with re-shardable checkpoints. No slots without momentum."""
 
 
+def _summed_rows(gradient: tf.IndexedSlices, dtype: tf.DType) -> tuple[tf.Tensor, tf.Tensor]:
+    """The distinct rows of a sparse gradient and each one's summed values: an update then
+    writes each row once (a batch's repeated ids would otherwise be applied one by one)."""
+    indices, position = tf.unique(tf.cast(gradient.indices, tf.int64))
+    values = tf.math.unsorted_segment_sum(
+        tf.cast(gradient.values, dtype), position, tf.shape(indices)[0]
+    )
+    return indices, values
+
+
 class _RowAdagrad(keras.optimizers.Adagrad):
     """Keras' Adagrad, with a sparse gradient applied to its rows only (`SparseAdagrad`)."""
 
@@ -132,10 +142,7 @@ class _RowAdagrad(keras.optimizers.Adagrad):
             tf_compat.variable_storage(accumulator),
             tf_compat.variable_storage(variable),
         )
-        indices, position = tf.unique(tf.cast(gradient.indices, tf.int64))
-        values = tf.math.unsorted_segment_sum(
-            tf.cast(gradient.values, variable.dtype), position, tf.shape(indices)[0]
-        )
+        indices, values = _summed_rows(gradient, variable.dtype)
         accumulated = tf_compat.sparse_read(accumulator, indices) + tf.square(values)
         accumulator.scatter_update(tf.IndexedSlices(accumulated, indices))
         rows = tf_compat.sparse_read(variable, indices)
@@ -173,10 +180,7 @@ class SparseAdagrad(ReshardableOptimizerMixin, _RowAdagrad):
         accumulator = tf_compat.variable_storage(tf_compat.adagrad_accumulator(self, variable))
         stored = tf_compat.variable_storage(variable)
         with tf.device(stored.device):
-            indices, position = tf.unique(tf.cast(gradient.indices, tf.int64))
-            values = tf.math.unsorted_segment_sum(
-                tf.cast(gradient.values, stored.dtype), position, tf.shape(indices)[0]
-            )
+            indices, values = _summed_rows(gradient, stored.dtype)
             tf.raw_ops.ResourceSparseApplyAdagradV2(
                 var=stored.handle,
                 accum=accumulator.handle,

@@ -12,11 +12,11 @@ only because each one is a single kernel; a whole update is a sequence of them.
 
 So a shard that may be updated concurrently gets a `tf.CriticalSection` on its
 own device (`guard`), and the re-shardable optimizers run every update of it
-inside (`ReshardableOptimizerMixin.update_step`; `SparseAdagrad`'s sparse update
-instead runs TF's fused kernel with ``use_locking=True``, which holds the
-variables' own locks for the whole update at less cost than the lock's ops): the lock and the update are
+inside (`ReshardableOptimizerMixin.update_step`): the lock and the update are
 ops of the ps that holds the shard, so nothing crosses the network for it, and
-updates of different shards never wait for each other. A dynamic table's pool
+updates of different shards never wait for each other. `SparseAdagrad`'s
+sparse update takes TF's fused kernel with ``use_locking=True`` instead, which
+holds the variables' own locks for the whole update at less cost. A dynamic table's pool
 has a lock of its own too, apart from its shard's critical section (the step
 that looks keys up and gives new keys rows): taking the pool's lock for a row's
 reset inside that section hung 4 workers within 100 steps (TF 2.21).
@@ -27,9 +27,11 @@ the reset, written after) gets that update; the new key then starts from the
 evicted key's row. It needs an eviction of a row some worker is updating in
 that moment, which LFU makes rare (the rows a batch reads were just counted).
 
-Cost: a lock and an unlock per shard and update (measured: the same CPU per
-update as without the lock; contended updates of one shard wait for each
-other instead of overwriting each other). Where one update runs at a time
+Cost: a lock and an unlock per shard and update. In one process the CPU of an
+update was the same with the lock; on the click benchmark's ps its 52 locked
+updates a step cost about 7 ms of CPU (BUILD.md, "Update semantics"), which is
+why `SparseAdagrad` takes the fused kernel instead. Contended updates of one
+shard wait for each other instead of overwriting each other. Where one update runs at a time
 (one_device, mirrored, multi_worker_mirrored: one update per step, after the
 all-reduce) no lock is made.
 """
