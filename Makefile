@@ -12,14 +12,18 @@ CHARTS_STAMP := $(VENV)/.installed-charts
 
 install: $(STAMP)
 
+# setuptools' editable build says "Editable installation" in a 9-line block each time (a
+# BuildBackendWarning, informational only): the one filter keeps a first `make demo` quiet.
+PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(PIP_INSTALL) --upgrade pip
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $(STAMP)
 
 $(CHARTS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,charts]'
+	$(PIP_INSTALL) -e '.[dev,charts]'
 	touch $(CHARTS_STAMP)
 
 # MNIST on a local multi-process cluster: parameter_server (chief + 2 workers + 1 ps),
@@ -27,19 +31,21 @@ $(CHARTS_STAMP): $(STAMP)
 demo: $(CHARTS_STAMP)
 	$(BIN)/python -m recipes.mnist.demo
 
-# The in-process unit tests (tests/unit/: no process started, one pytest process): under a minute.
+# The in-process unit tests (tests/unit/: no process started beyond pytest's) on two pytest-xdist
+# workers, a whole file each (--dist loadfile keeps a module's fixtures built once).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -ra
+
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -ra tests/unit
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile tests/unit
 
 # Style and the import contracts first (seconds), then the unit tests, then the rest of the suite
 # (the tests that start processes): a formatting, lint or unit failure stops `make test` early.
-# Two workers, a whole test file each (--dist loadfile keeps a module's shared cluster or
-# checkpoint fixture built once). With one worker a 2-core VM sat 37% idle (vmstat) while
-# tests waited on their TF processes (start-up, peers, kills); the second worker fills
-# that: 45.8 min -> 32.4 min. --durations lists where the time goes.
-TEST_WORKERS ?= 2
+# The cluster tests run one at a time: each already starts 3-6 TensorFlow processes, and two such
+# tests side by side on a 2-core CI machine made the run slower (79 min against 55 serially) and
+# starved a chaos job past its deadline. --durations lists where the time goes.
 test: lint test-fast
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=30 --ignore=tests/unit tests
+	$(PYTEST) --durations=30 --ignore=tests/unit tests
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -34,6 +34,7 @@ import time
 from benchmarks import _bench
 from tfdist_trainer.launch.flags import FLAGS as LAUNCH
 from tfdist_trainer.launch.process_group import signal_group
+from tfdist_trainer.launch.supervisor import started_tasks
 
 NAME = "chaos"
 #: tfdist-launch's defaults, which the jobs keep: 5 restarts within any 300 s.
@@ -48,7 +49,6 @@ KINDS = {job: [(s, t) for t in TYPES[job] for s in ("SIGKILL", "SIGTERM")] for j
 #: the default train_steps so that training outlasts the faults.
 RATE = {"ps": 160.0, "mwms": 120.0}
 RESTARTING = re.compile(r"^\[launch\] .*; restarting (.+?) in [\d.]+s", re.M)
-STARTED = re.compile(r"^\[launch\] started (\S+) \(pid (\d+)(?:, ([^)]+))?\)", re.M)
 GONE = r"^\[launch\] (evaluation stopped: |{role} finished|{role} exited .* is not restarted)"
 GIVEN_UP = re.compile(r"^\[launch\] (.*(?:not restarted|evaluation stopped).*)$", re.M)
 #: A task's last words in its log: the one sentence it ended with (`[worker:1] error: ...`).
@@ -145,7 +145,7 @@ class Job:
         return records[-1]["step"] if records else -1
 
     def pid(self, role: str) -> int | None:
-        pids = [int(p) for r, p, _ in STARTED.findall(self.output()) if r == role]
+        pids = [int(p) for r, p, _ in started_tasks(self.output()) if r == role]
         return pids[-1] if pids else None
 
     def wait_for(self, predicate, limit_s: float):
@@ -173,7 +173,7 @@ class Job:
                 state["roles"] = found.group(1).split(", ") if found else []
                 state["at"] = found.end() if found else 0
             if "since" not in state:
-                started = {r: address for r, _, address in STARTED.findall(out[state["at"] :])}
+                started = {r: address for r, _, address in started_tasks(out[state["at"] :])}
                 serving = [r for r in state["roles"] if r.split(":")[0] in ("ps", "worker")]
                 missing = set(state["roles"]) - set(started)
                 if missing or not all(listening(started[r]) for r in serving):
@@ -185,20 +185,27 @@ class Job:
         return self.wait_for(back, limit_s)
 
     def finish(self, limit_s: float) -> tuple[int | str, float]:
-        """Waits for the launcher's end. Past `limit_s`, or interrupted, stops it as a user would:
-        SIGTERM (it tears its tasks down), then SIGKILL to it and to each task's own session."""
+        """Waits for the launcher's end: `limit_s`, and `limit_s` again each time training went on
+        since (a slow machine is not a hung job; a job whose steps stop is). Then, or interrupted,
+        stops it as a user would: SIGTERM (it tears its tasks down), then SIGKILL to it and to
+        each task's own session."""
         code: int | str = "timeout"
         try:
-            code = self.proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            pass
+            step = self.step()
+            while code == "timeout":
+                try:
+                    code = self.proc.wait(timeout=limit_s)
+                except subprocess.TimeoutExpired:
+                    step, before = self.step(), step
+                    if step <= before or not limit_s:
+                        break
         finally:
             if self.proc.poll() is None:
                 signal_group(self.proc, signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.proc.wait(timeout=60)
                 signal_group(self.proc, signal.SIGKILL)
-                for _, pid, _ in STARTED.findall(self.output()):
+                for _, pid, _ in started_tasks(self.output()):
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(int(pid), signal.SIGKILL)
             self.proc.wait()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from tfdist_trainer.launch.local_tasks import free_port_cluster  # noqa: F401  (the tests' port picker)
 from tfdist_trainer.launch.process_group import signal_group
+from tfdist_trainer.launch.supervisor import started_tasks
 from tfdist_trainer.plan.cluster import tf_config_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,12 +306,11 @@ class BackgroundJob:
         )
 
     def task_pid(self, role: str) -> int:
-        """The pid of a task's current process, from the launcher's '[launch] started <role> (pid P' lines."""
-        pids = re.findall(
-            rf"^\[launch\] started {re.escape(role)} \(pid (\d+)", self.output(), re.M
-        )
+        """The pid of a task's current process, from the launcher's '[launch] started' lines (all
+        tasks in one at the start: '... worker:0 (pid P, address), ...'; a restart's own)."""
+        pids = [int(pid) for r, pid, _ in started_tasks(self.output()) if r == role]
         assert pids, f"the launcher did not report starting {role}:\n{self.output()[-4000:]}"
-        return int(pids[-1])
+        return pids[-1]
 
     def output(self) -> str:
         with open(self.out_path, errors="replace") as f:

@@ -130,6 +130,20 @@ def checkpoint_predictions(
     return inputs, predictions
 
 
+def run_in_repo(source: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs `source` with `args` in a Python of the repository's environment; asserts it exits 0."""
+    result = subprocess.run(
+        [sys.executable, "-c", source, *args],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
 def checkpoint_reference(
     gin_files: list[str], gin_bindings: list[str], checkpoint: str, *, examples: int, unseen: int
 ) -> tuple[dict[str, np.ndarray], np.ndarray, int]:
@@ -145,15 +159,7 @@ def checkpoint_reference(
             "unseen": unseen,
             "out": out,
         }
-        result = subprocess.run(
-            [sys.executable, "-c", _PREDICT, json.dumps(args)],
-            cwd=REPO,
-            env=base_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
+        result = run_in_repo(_PREDICT, json.dumps(args))
         saved = dict(np.load(out, allow_pickle=False))
         predictions = saved.pop("predictions")
         state_bytes = json.loads(result.stdout.strip().splitlines()[-1])["state_bytes"]

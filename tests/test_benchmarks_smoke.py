@@ -122,14 +122,8 @@ def test_run_all_exits_1_when_a_benchmark_fails(tmp_path):
 
 @pytest.mark.timeout(480)
 def test_model_parallel_smoke(tmp_path):
-    out = str(tmp_path / "bench")
-    # Two devices are enough: mp2 and mp2_pipelined against one_device.
-    run_smoke("benchmarks.model_parallel", out, "--devices=2", timeout=280)
-    payload = load(out, "model_parallel")
-    assert {"one_device", "mp2", "mp2_pipelined"} <= set(payload["results"])
-    figures = check_figures(payload, at_least=2)
-    assert all(f["baseline"].startswith("one_device") for f in figures)
-
+    # Two devices are enough: mp2 and mp2_pipelined against one_device, on the model a user
+    # would split (the default MLP's run, the same code on a plainer model, was 40 s of the suite).
     # keras-hub's GPT-2, each variant named by model and depth; each model_parallel variant reports
     # the bytes its placement put on each device. One pipelined variant (--micro_batches=4): its
     # default 4,8 runs the same code twice, a process more; the names that several micro-batch
@@ -145,6 +139,7 @@ def test_model_parallel_smoke(tmp_path):
         assert [d["bytes"] > 0 for d in r["per_device"]] == [True, True], r
         assert sum(d["share"] for d in r["per_device"]) == pytest.approx(1.0)
     figures = check_figures(payload, at_least=2)
+    assert all(f["baseline"].startswith("gpt2_L2_one_device") for f in figures), figures
     assert [f["target"] is not None for f in figures] == [False, True]
 
 

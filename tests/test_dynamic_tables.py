@@ -150,6 +150,34 @@ out["stacked"] = {"first": float(np.mean(rs_losses[:5])), "last": float(np.mean(
                   "rows_in_use": stats["stacked/rows_in_use"],
                   "per_shard": [stats[f"stacked/shard_{i}/rows_in_use"] for i in range(2)],
                   "default_rows": list(stacked.default_row.shape)}
+# A stale update: a step reads keys 1..8 (every row of one 1-shard table), then, before its
+# update, a later call meets keys 11..18, evicting 1..8 and giving their rows to the new keys.
+# The update (run in the shard's critical section on the ps) must leave the new rows as drawn.
+with strategy.scope():
+    small = sharding.DynamicEmbedding(4, 8, num_shards=1, embeddings_initializer="ones",
+                                      name="small")
+    small.build(None)
+    small_optimizer = sharding.SparseAdagrad(0.5)
+    small_optimizer.build(small.trainable_variables)
+
+def stale_replica():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(small(tf.range(1, 9, dtype=tf.int64), training=True))
+    gradients = tape.gradient(loss, small.trainable_variables)
+    with tf.control_dependencies([tf.nest.flatten(gradients, expand_composites=True)[0]]):
+        later = small(tf.range(11, 19, dtype=tf.int64), training=True)
+    with tf.control_dependencies([later]):
+        small_optimizer.apply(gradients, small.trainable_variables)
+    return loss
+
+@tf.function
+def stale_step():
+    return strategy.run(stale_replica)
+
+coordinator.schedule(stale_step)
+coordinator.join()
+out["stale"] = {"pool": small.shards[0].pool.numpy().tolist(),
+                "old_keys_rows": small.shards[0].lookup(tf.range(1, 9, dtype=tf.int64)).numpy().tolist()}
 out["phases"] = ", ".join(phases)
 print(json.dumps(out), flush=True)
 for server in servers:  # they hold the test's stdout pipe open
@@ -189,3 +217,8 @@ def test_two_workers_racing_on_new_keys_and_sparse_training_on_two_ps(tmp_path):
     assert stacked["rows_in_use"] == 120 and min(stacked["per_shard"]) > 30, stacked
     assert stacked["default_rows"] == [3, 4], stacked
     assert stacked["last"] < stacked["first"], stacked
+
+    # An update computed before a later lookup gave its rows to other keys never lands on them.
+    stale = result["stale"]
+    assert stale["old_keys_rows"] == [-1] * 8, stale
+    assert stale["pool"] == [[1.0] * 4] * 8, stale

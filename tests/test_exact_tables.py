@@ -1,6 +1,6 @@
-"""Four parameter_server workers update the same rows every step, and every update arrives.
+"""Eight parameter_server workers update the same rows every step, and every update arrives.
 
-A real cluster (chief + 4 workers + 1 ps, `tfdist-launch`, the default
+A real cluster (chief + 8 workers + 1 ps, `tfdist-launch`, the default
 parameter_server settings) trains a model of one `ShardedEmbedding`, one table of
 an `EmbeddingGroup` and one `DynamicEmbedding`, each of 2 shards, with
 `SparseAdagrad`. Every batch holds every row once and each element's gradient is
@@ -16,6 +16,7 @@ import textwrap
 
 import clusterlib
 import numpy as np
+import pytest
 import tensorflow as tf
 from clusterlib import launch_cmd, strategy_gin
 
@@ -80,13 +81,16 @@ def expected_row_value() -> float:
     return -LR * sum(1 / np.sqrt(INITIAL + k + 1e-7) for k in range(1, STEPS + 1))
 
 
-def test_four_workers_lose_no_update_of_the_rows_every_batch_touches(tmp_path):
+# 8 workers: 4 lost 37% of the updates without the locks (the figure above) and are exact with
+# them (measured; the run is 26 s of the suite that 8 covers).
+@pytest.mark.parametrize("workers", [8])
+def test_workers_lose_no_update_of_the_rows_every_batch_touches(tmp_path, workers):
     (tmp_path / "all_rows.py").write_text(USER_MODULE)
     (tmp_path / "all_rows.gin").write_text(GIN)
     model_dir = tmp_path / "model"
     result = clusterlib.run(
         launch_cmd(
-            ["--num_workers=4", "--num_ps=1"],
+            [f"--num_workers={workers}", "--num_ps=1"],
             [
                 "--gin_file=all_rows.gin",
                 strategy_gin("parameter_server"),

@@ -35,11 +35,11 @@ from clusterlib import FAST_MNIST, REPO, launch_cmd, read_records, strategy_gin
 from netlab import VirtualLan, connect, connect_in_netns_of
 
 from tfdist_trainer.launch import netns
+from tfdist_trainer.launch.supervisor import started_tasks
 
 STEPS = 150
 TIMEOUT_S = 240
 CANARY = "tfdist-canary-9f3c1d"  # an environment value that must appear in no log
-_STARTED = re.compile(r"^\[launch\] started (\S+) \(pid (\d+), 127\.0\.0\.1:(\d+)\)", re.M)
 _NAMESPACE = re.compile(r"^\[launch\] private network: namespace (\S+),", re.M)
 
 
@@ -86,7 +86,8 @@ class Launch(clusterlib.BackgroundJob):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             tasks = {
-                role: (int(pid), int(port)) for role, pid, port in _STARTED.findall(self.output())
+                role: (int(pid), int(address.rsplit(":", 1)[1]))
+                for role, pid, address in started_tasks(self.output())
             }
             if len(tasks) >= count and all(
                 connect_in_netns_of(pid, "127.0.0.1", port, timeout=0.5) == 0

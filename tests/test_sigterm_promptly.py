@@ -82,12 +82,19 @@ def checkpoint_within_grace(model_dir: str):
 
 
 def stopped_step(out: str, role: str) -> int:
+    """The step `role` said it stopped at; a task whose sentence was another's word for word is
+    named once by the launcher ('<role> ended with the same error as <other>'): the other's."""
     found = re.findall(
         rf"^\[{re.escape(role)}\] error: stopped by SIGTERM at step (\d+) after saving a "
         r"checkpoint; run the same command again to resume\.",
         out,
         re.M,
     )
+    same = re.findall(
+        rf"^\[launch\] {re.escape(role)} ended with the same error as (\S+)$", out, re.M
+    )
+    if not found and same:
+        return stopped_step(out, same[0])
     assert len(found) == 1, out[-6000:]
     return int(found[0])
 

@@ -66,26 +66,27 @@ def _assert_run_complete(files: dict[str, str], output: str) -> None:
 
 
 # One Python process: runs tfdist-train's main, then lists what it wrote under the ram:// model_dir.
+# tfdist-train leaves a finished task without interpreter teardown (launch/quick_exit.py) but runs
+# the exit functions first: the listing is one, so it also shows that a user's atexit hook runs.
 _IN_PROCESS = r"""
-import json, sys
+import atexit, json, sys
 import tensorflow as tf
 from tfdist_trainer import cli
 model_dir = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--model_dir="))
 sys.argv = ["tfdist-train", *sys.argv[1:]]
-try:
-    cli.run()
-    code = 0
-except SystemExit as e:
-    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-files = {}
-for root, _, names in tf.io.gfile.walk(model_dir):
-    for name in names:
-        path = root.rstrip("/") + "/" + name
-        rel = path[len(model_dir):].lstrip("/")
-        small = name in ("metrics.jsonl", "config.gin", "operative_config.gin", "training_done", "checkpoint")
-        files[rel] = tf.io.gfile.GFile(path).read() if small else ""
-print("RAM_FILES " + json.dumps(files), flush=True)
-sys.exit(code)
+
+def list_ram_files():
+    files = {}
+    for root, _, names in tf.io.gfile.walk(model_dir):
+        for name in names:
+            path = root.rstrip("/") + "/" + name
+            rel = path[len(model_dir):].lstrip("/")
+            small = name in ("metrics.jsonl", "config.gin", "operative_config.gin", "training_done", "checkpoint")
+            files[rel] = tf.io.gfile.GFile(path).read() if small else ""
+    print("RAM_FILES " + json.dumps(files), flush=True)
+
+atexit.register(list_ram_files)
+cli.run()
 """
 
 

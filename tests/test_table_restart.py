@@ -19,6 +19,8 @@ import clusterlib
 import pytest
 from clusterlib import launch_cmd, strategy_gin
 
+from tfdist_trainer.launch.supervisor import started_tasks
+
 pytestmark = pytest.mark.cluster
 
 ROWS, DIM, SHARDS = 12 * 2**20, 16, 16  # 768 MiB of float32 rows, 48 MiB a shard
@@ -102,8 +104,8 @@ def _launch(args: list[str], env: dict[str, str], out: str) -> tuple[str, int]:
     peak, ps, deadline = 0, None, time.monotonic() + TIMEOUT_S
     try:
         while job.proc.poll() is None and time.monotonic() < deadline:
-            if ps is None and "] started ps:0 (pid" in job.output():
-                ps = job.task_pid("ps:0")
+            if ps is None:
+                ps = next((int(p) for r, p, _ in started_tasks(job.output()) if r == "ps:0"), None)
             try:
                 peak = max(peak, _peak_kib(ps)) if ps else peak
             except OSError:  # it has exited

@@ -821,3 +821,26 @@ def test_coordination_service_accessors_in_a_process_without_one():
     assert tf_compat.coordination_service_config() is None
     with pytest.raises(tf.errors.FailedPreconditionError, match="not enabled"):
         tf_compat.wait_at_barrier("tfdist_trainer_test", timeout_s=1)
+
+
+def test_the_packages_errors_pass_through_a_keras_layer_call_and_autograph_unchanged():
+    from tfdist_trainer.errors import ConfigError
+
+    class Refusing(keras.layers.Layer):
+        def call(self, x):
+            if x.dtype == tf.int64:
+                raise ConfigError("ids: one sentence that names the fix.")
+            return x
+
+    layer = Refusing()
+
+    @tf.function
+    def step(x):
+        return layer(x)
+
+    with pytest.raises(ConfigError) as raised:
+        step(tf.constant([1], tf.int64))
+    assert str(raised.value) == "ids: one sentence that names the fix.", broken(
+        "keras traceback_utils `_keras_call_info_injected` / autograph `ag_pass_through`",
+        f"the error arrived as {type(raised.value).__name__}: {raised.value}",
+    )

@@ -16,6 +16,7 @@ _LAZY = {
     "train": ("tfdist_trainer.api", "train"),
     "evaluate": ("tfdist_trainer.api", "evaluate"),
     "export": ("tfdist_trainer.api", "export"),
+    "load_model": ("tfdist_trainer.api", "load_model"),
 }
 
 __all__ = sorted(_LAZY)

@@ -106,16 +106,7 @@ def evaluate(
     appended to model_dir's metrics.jsonl. A model_dir with no checkpoint, or a checkpoint
     of another model, raises ConfigError.
     """
-    from tfdist_trainer.plan import preflight
-
-    prepared = preflight.prepare(
-        preflight.EVALUATE_API,
-        model_dir,
-        gin_files,
-        gin_bindings,
-        modules,
-        trainer_cls=trainer_cls,
-    )
+    prepared = _prepared("EVALUATE_API", trainer_cls, model_dir, gin_files, gin_bindings, modules)
     from tfdist_trainer.runtime import checkpoint_actions
 
     return checkpoint_actions.evaluate_checkpoint(
@@ -137,18 +128,54 @@ def export(
 
     Returns its path (default: model_dir/export/<checkpoint name>).
     """
+    prepared = _prepared("EXPORT_API", trainer_cls, model_dir, gin_files, gin_bindings, modules)
+    from tfdist_trainer.runtime import checkpoint_actions
+
+    return checkpoint_actions.export_checkpoint(
+        prepared.experiment, prepared.model_dir, checkpoint, export_dir
+    )
+
+
+def load_model(
+    trainer_cls: type | None = None,
+    *,
+    model_dir: str | os.PathLike,
+    checkpoint: str | None = None,
+    gin_files: Sequence[str] = (),
+    gin_bindings: Sequence[str] = (),
+    modules: Sequence[str] = (),
+) -> Any:
+    """The trained Keras model back in Python: the Trainer's `build_model()` on one device, with
+    one checkpoint's weights (default: model_dir's newest), for offline scoring and debugging.
+
+    A checkpoint of any strategy restores: sharded tables are read whole, a DynamicEmbedding's
+    keys are re-hashed onto this model's shards (same lookups as the cluster's). The optimizer's
+    state is not read (an optimizer keeping moving averages: the averages, as for export).
+    Call the model as `trainer_cls.build_model()`'s model is called (`model(features)`; a
+    DynamicEmbedding reads without inserting unless called with training=True).
+    """
+    prepared = _prepared("EXPORT_API", trainer_cls, model_dir, gin_files, gin_bindings, modules)
+    from tfdist_trainer.runtime import checkpoint_actions
+
+    return checkpoint_actions.restore_model(prepared.experiment, prepared.model_dir, checkpoint)
+
+
+def _prepared(
+    entry_point: str,
+    trainer_cls: type | None,
+    model_dir: str | os.PathLike,
+    gin_files: Sequence[str],
+    gin_bindings: Sequence[str],
+    modules: Sequence[str],
+) -> Any:
+    """The checked run of a checkpoint reader (`preflight.<entry_point>`): gin, model_dir, trainer."""
     from tfdist_trainer.plan import preflight
 
-    prepared = preflight.prepare(
-        preflight.EXPORT_API,
+    return preflight.prepare(
+        getattr(preflight, entry_point),
         model_dir,
         gin_files,
         gin_bindings,
         modules,
         trainer_cls=trainer_cls,
-    )
-    from tfdist_trainer.runtime import checkpoint_actions
-
-    return checkpoint_actions.export_checkpoint(
-        prepared.experiment, prepared.model_dir, checkpoint, export_dir
     )

@@ -52,6 +52,14 @@ class TfdistError(Exception):
     exit_code: int = EXIT_FAILED
     #: End the process without interpreter shutdown (threads blocked in TF would keep it alive).
     hard_exit: bool = False
+    # Raised inside a layer's call in a traced step (a DynamicEmbedding's key check), the error
+    # must reach the task as it was raised, to be one sentence and its exit code. Keras' call
+    # wrapper re-raises any other error with its arguments' dump prepended (ANSI codes and
+    # all), and AutoGraph turns errors of classes it does not know into a StagingError (exit 1,
+    # a traceback): both leave an error alone that has these attributes (Keras 3
+    # traceback_utils, TF autograph/impl/api.py; tests/test_tf_compat.py checks both).
+    _keras_call_info_injected = True
+    ag_pass_through = True
 
 
 class ConfigError(TfdistError, ValueError):

@@ -3,7 +3,7 @@
 The model is a stack of named layers -- ``embed``, ``block_0`` ... ``block_{L-1}``,
 ``head`` -- so a ``model_parallel.plan`` can place them by name
 (``{'embed': 0, 'block_[0-1]': 0, 'block_[2-3]': 1, 'head': 1}``) or balance them
-('auto'). Each layer builds its sublayers in ``build()`` (DESIGN.md: variables land
+('auto'). Each layer builds its sublayers in ``build()`` (docs/design.md: variables land
 on the device current when a layer is built). Tokens are bytes (vocabulary 256),
 so any local text works and nothing is downloaded.
 """

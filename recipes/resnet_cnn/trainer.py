@@ -3,7 +3,7 @@
 A stem convolution, stages of residual blocks (two 3x3 convolutions with
 BatchNormalization, a 1x1 projection where the shape changes), global average
 pooling and a float32 classifier. Every piece is a named layer that builds its
-sublayers in ``build()``, so a ``model_parallel`` plan can place it (DESIGN.md:
+sublayers in ``build()``, so a ``model_parallel`` plan can place it (docs/design.md:
 variables land on the device current when a layer is built).
 
 The data is synthetic and learnable, made on the fly by tf.data from each

@@ -236,3 +236,29 @@ def test_strip_header():
     assert strip_header(PROGRESS[1]).startswith("[chief:0] step 25/50 loss=1.6941")
     assert strip_header("[launch] job succeeded") == "[launch] job succeeded"
     assert strip_header(STARTUP[1]).startswith("[chief:0] oneDNN custom operations")
+
+
+SERVING_ROUTINE_LINES = [
+    "[ps:0] I1202 12:21:50.100000 1400 cli.py:257] serve as ps:0 under parameter_server",
+    "[ps:0] I1202 12:21:50.200000 1400 serve.py:84] serving at grpc://127.0.0.1:5001",
+    "[ps:0] I1202 12:21:51.300000 1400 serve.py:103] chief 127.0.0.1:5000 is up",
+    "[ps:0] I1202 12:21:57.400000 1400 serve.py:111] the chief marked training done: exiting after it",
+    "[ps:0] I1202 12:21:57.500000 1400 shutdown.py:118] the chief exited (0.0s)",
+    "[ps:0] I1202 12:21:57.600000 1400 shutdown.py:135] the other tasks exited (0.1s): exiting "
+    "last, as the coordination leader",
+]
+SERVING_NEWS = [
+    "[ps:0] I1202 12:21:52.000000 1400 serve.py:151] waiting for the chief at 127.0.0.1:5000",
+    "[ps:0] W1202 12:21:58.000000 1400 shutdown.py:93] training finished, but not every task "
+    "reached the final barrier (UnavailableError: gone); exiting anyway",
+    "[ps:0] I1202 12:21:57.500000 1400 shutdown.py:116] exiting although the chief still listens "
+    "after 30s",
+]
+
+
+def test_serving_tasks_routine_lines_are_the_launchers_to_hide_and_news_is_shown():
+    """Under a launcher (serving_routine=False) 16 tasks' 'serve as', 'serving at', 'chief is up'
+    stay in their logs; a task started by hand keeps them; what is news is shown either way."""
+    lines = SERVING_ROUTINE_LINES + SERVING_NEWS
+    assert _shown(lines, serving_routine=False) == SERVING_NEWS
+    assert _shown(lines) == lines

@@ -7,6 +7,7 @@ import time
 
 from tfdist_trainer.launch.console import short_line
 from tfdist_trainer.launch.failure_cause import TracebackHold
+from tfdist_trainer.launch.supervisor import started_tasks
 
 INFO = "[chief:0] I1125 10:06:13.424594 139980406279040 controller.py:139] step 10/50 loss=1.2"
 WARNING = "[worker:1] W1125 10:06:14.000001 139980406279040 data.py:12] slow input"
@@ -117,3 +118,25 @@ def test_the_coordinators_copies_of_an_error_the_task_names_in_one_sentence_are_
     hold = TracebackHold()
     _feed(hold, copy)
     assert hold.traceback() == copy and not hold.named_its_error()
+
+
+def test_the_launchers_start_lines_name_every_tasks_pid_and_address():
+    """One line for all tasks at the start, one per restarted task: tools find each pid."""
+    output = "\n".join(
+        [
+            "[launch] parameter_server: chief:0, worker:0, worker:10, ps:0",
+            "[launch] started chief:0 (pid 11, 127.0.0.1:5000), worker:0 (pid 12, 127.0.0.1:5001), "
+            "worker:10 (pid 13, 127.0.0.1:5002), ps:0 (pid 14, 127.0.0.1:5003); logs: /tmp/m/logs",
+            "[launch] worker:0 exited with code 137; restarting worker:0 in 1s",
+            "[launch] started worker:0 (pid 21, 127.0.0.1:5001); log: /tmp/m/logs/worker-0.log",
+            "[launch] started evaluator:0 (pid 22); log: /tmp/m/logs/evaluator-0.log",
+        ]
+    )
+    assert started_tasks(output) == [
+        ("chief:0", "11", "127.0.0.1:5000"),
+        ("worker:0", "12", "127.0.0.1:5001"),
+        ("worker:10", "13", "127.0.0.1:5002"),
+        ("ps:0", "14", "127.0.0.1:5003"),
+        ("worker:0", "21", "127.0.0.1:5001"),
+        ("evaluator:0", "22", ""),
+    ]

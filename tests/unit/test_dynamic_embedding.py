@@ -3,6 +3,8 @@ eviction, slot resets, string keys, read-only inference, checkpoints and the bad
 
 from __future__ import annotations
 
+from unittest import mock
+
 import keras
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import tensorflow as tf
 
 from tfdist_trainer import sharding
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.sharding import dynamic_checkpoint
 
 
 def _layer(capacity=8, **kwargs) -> sharding.DynamicEmbedding:
@@ -124,6 +127,32 @@ def test_an_evicted_row_is_drawn_anew_and_its_adagrad_accumulator_reset():
     np.testing.assert_allclose(accumulator.numpy()[row], 1.1, rtol=1e-6)
     np.testing.assert_allclose(accumulator.numpy()[_row(layer, 1)], 3.1, rtol=1e-6)
     np.testing.assert_array_equal(_default(layer), untouched)  # no key read it
+
+
+@pytest.mark.parametrize("optimizer_cls", [sharding.SGD, sharding.SparseAdagrad])
+def test_an_update_never_lands_on_a_row_given_to_another_key_after_the_step_read_it(optimizer_cls):
+    # The step reads keys 1..4 (every row), then, before its update, a second call of the layer
+    # meets keys 11..14: the full shard evicts 1..4 and gives their rows to the new keys. The
+    # update of 1..4 must not land on 11..14, whose rows must stay as drawn (ones).
+    layer = _layer(capacity=4, embeddings_initializer="ones")
+    optimizer = optimizer_cls(0.5)
+    optimizer.build(layer.trainable_variables)
+
+    @tf.function
+    def step(keys, later_keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(keys, training=True))
+        gradients = tape.gradient(loss, layer.trainable_variables)
+        with tf.control_dependencies([tf.nest.flatten(gradients, expand_composites=True)[0]]):
+            later = layer(later_keys, training=True)  # outside the tape: no gradient of its own
+        with tf.control_dependencies([later]):
+            optimizer.apply(gradients, layer.trainable_variables)
+
+    step(_keys(1, 2, 3, 4), _keys(11, 12, 13, 14))
+    assert [_row(layer, k) for k in (1, 2, 3, 4)] == [-1] * 4
+    rows = sorted(_row(layer, k) for k in (11, 12, 13, 14))
+    assert rows == [0, 1, 2, 3]
+    np.testing.assert_array_equal(_pool(layer), np.ones((4, 4), np.float32))
 
 
 def tf_accumulator(optimizer, layer):
@@ -250,19 +279,24 @@ def test_keys_of_the_wrong_kind_are_one_sentence(key_dtype, keys, fragment):
 
 
 def test_a_batch_with_more_distinct_keys_than_a_shard_holds_names_layer_shard_and_capacity():
+    from tfdist_trainer.runtime.config_checks import config_checks_are_config_errors
+
     layer = _layer(capacity=4)
-    with pytest.raises(tf.errors.InvalidArgumentError) as error:
+    with pytest.raises(ConfigError) as error, config_checks_are_config_errors():
         layer(_keys(1, 2, 3, 4, 5), training=True)
-    message = str(error.value)
-    assert "ids shard 0: its 4 rows cannot hold" in message and "raise capacity" in message
-    assert "5" in message  # the distinct keys that needed a row
+    # One sentence with the numbers: the keys that needed a row, the rows, the capacity to set.
+    assert str(error.value) == (
+        "ids shard 0: one batch brought 5 distinct keys that need a row to this shard, which "
+        "holds 4 rows; raise capacity to at least 5 (1 shard(s) x the keys this shard got)."
+    )
 
 
 def test_replicated_strategies_are_refused_with_what_to_use_instead():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         layer = sharding.DynamicEmbedding(4, 8, name="ids")
-        with pytest.raises(ConfigError, match="one_device or parameter_server only, not Mirrored"):
+        refusal = "one_device or parameter_server only, not mirrored \\(every replica"
+        with pytest.raises(ConfigError, match=refusal):
             layer.build(None)
 
 
@@ -336,11 +370,17 @@ def test_a_restore_onto_shards_too_small_keeps_the_most_used_keys_and_counts_the
     model, path = _trained_checkpoint(tmp_path)
     before = sharding.dynamic_table_stats(model)
     restored = _model(num_shards=1, capacity=3)
-    tf.train.Checkpoint(model=restored).read(path).expect_partial()
+    with mock.patch.object(dynamic_checkpoint.logging, "info") as said:
+        tf.train.Checkpoint(model=restored).read(path).expect_partial()
     after = sharding.dynamic_table_stats(restored)
     assert after["ids/rows_in_use"] == 3
-    dropped = before["ids/rows_in_use"] - 3
+    dropped = int(before["ids/rows_in_use"]) - 3
     assert after["ids/evicted"] == before["ids/evicted"] + dropped
+    # The re-sharding is said, with the keys it dropped.
+    (line,) = [call.args[1] for call in said.call_args_list]
+    saved = int(before["ids/rows_in_use"])
+    assert line.startswith(f"ids: {saved:,} keys saved on 2 shard(s) re-hashed onto 1; ")
+    assert f"{dropped:,} of them dropped (their shards hold 3 rows each" in line
     # The three kept keys are the most frequently seen.
     shard = restored.get_layer("ids").shards[0]
     kept = set(shard.row_key.numpy().tolist())
@@ -460,6 +500,52 @@ def test_stacked_features_are_key_spaces_of_their_own_with_a_default_row_each():
     )
     default_grad = tf.convert_to_tensor(grads["default_row"]).numpy()
     np.testing.assert_array_equal(default_grad[:, 0], [1.0, 0.0, 3.0])  # feature 1's key has a row
+
+
+def test_string_and_int64_features_stack_in_one_table_each_in_its_own_key_space():
+    # String user ids and int64 item ids, one table: keys as a list of one tensor per feature.
+    layer = _layer(capacity=16, stacked_features=2, key_dtype=["string", "int64"])
+    users = tf.constant(["42", "ab12", "42"])
+    items = tf.constant([42, 7, 9], tf.int64)
+    out = layer([users, items], training=True).numpy()
+    assert out.shape == (3, 2, 4)
+    assert _stats(layer)["rows_in_use"] == 5  # users "42", "ab12"; items 42, 7, 9
+    np.testing.assert_array_equal(out[0, 0], out[2, 0])  # one user, one row
+    assert not np.allclose(out[0, 0], out[0, 1])  # user "42" and item 42 are two keys
+    again = layer([tf.constant(["ab12"]), tf.constant([7], tf.int64)]).numpy()
+    np.testing.assert_array_equal(again[0], out[1])  # inference reads the rows training made
+    assert layer.get_config()["key_dtype"] == ["string", "int64"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, keys, fragment",
+    [
+        (
+            {"key_dtype": ["string", "int64"]},
+            None,
+            "a key_dtype per feature needs stacked_features",
+        ),
+        (
+            {"key_dtype": ["string", "int64"], "stacked_features": 2},
+            tf.constant([[1, 2]], tf.int64),
+            "needs the keys as a list of 2 tensors, one per feature",
+        ),
+        (
+            {"key_dtype": ["string", "int64"], "stacked_features": 2},
+            [tf.constant([1], tf.int64), tf.constant([2], tf.int64)],
+            "key_dtype='string' but the keys are int64",
+        ),
+        (
+            {"stacked_features": 3},
+            [tf.constant([1], tf.int64), tf.constant([2], tf.int64)],
+            "keys as a list of 2 tensors need stacked_features=2",
+        ),
+    ],
+)
+def test_mixed_key_type_mistakes_are_one_sentence(kwargs, keys, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        layer = _layer(capacity=16, **kwargs)
+        layer(keys, training=True)
 
 
 def test_stacked_keys_need_one_key_of_each_feature_on_the_last_axis():

@@ -245,7 +245,8 @@ FOLLOW_ON = [
     "[chief:0] This derived error is ignored and not reported to users.",
 ]
 
-#: The failing worker's own notice of the error: it names the cause, so it stays on the console.
+#: The failing worker's own notice of the error: a repetition of what the task that ran the step
+#: reports (its traceback, or its one sentence), so it is folded with the other follow-on lines.
 ROOT_NOTICE = [
     "[worker:0] W0000 00:00:1795650491.690285    7450 local_rendezvous.cc:412] Local rendezvous is "
     "aborting with status: INVALID_ARGUMENT: assertion failed: [table_3/embeddings: ids must be < 24 "
@@ -336,11 +337,70 @@ def test_python_errors_keep_their_own_line():
 def test_follow_on_lines_of_a_failed_step_are_hidden_and_counted():
     keep = ConsoleFilter(gpu=False)
     lines = ROOT_NOTICE + FOLLOW_ON + ["[chief:0] plain output after them"]
-    assert [line for line in lines if keep(line)] == ROOT_NOTICE + lines[-1:]
-    assert keep.follow_on == 6  # records, not their continuation lines
+    assert [line for line in lines if keep(line)] == lines[-1:]
+    assert keep.follow_on == 7  # records, not their continuation lines
 
 
 def test_follow_on_lines_never_hide_a_traceback_after_them():
     keep = ConsoleFilter(gpu=False)
     tail = PSS_CHIEF[PSS_CHIEF.index("[chief:0] Traceback (most recent call last):") :]
     assert [line for line in FOLLOW_ON + tail if keep(line)] == tail
+
+
+def test_a_failed_config_check_repeated_by_every_task_s_aborted_transfers_is_follow_on():
+    # A capacity check that failed on ps:1, as ps:1 and worker:1 repeat it (tfdist-launch of
+    # dynamic_tiny.gin with capacity 8 under parameter_server): the chief says the sentence once.
+    check = (
+        "assertion failed: [table_5 shard 0: one batch brought ] [11] [ distinct keys that need "
+        "a row to this shard, which holds 4 rows; raise capacity to at least ] [22] [ (2 shard(s) "
+        "x the keys this shard got)]"
+    )
+    node = (
+        "\t [[{{function_node while_click_model_1_table_5_1_critical_section_execute_tfdist_"
+        "config_check_AssertGuard_false_7898}}]]"
+    )
+    repeated = [
+        "[ps:1] W1128 21:46:39.123 140 local_rendezvous.cc:412] Local rendezvous is aborting with "
+        f"status: INVALID_ARGUMENT: {check}",
+        f"[ps:1] {node}",
+        "[worker:1] W1128 21:46:39.125 141 local_rendezvous.cc:412] Local rendezvous is aborting "
+        f"with status: INVALID_ARGUMENT: {check}",
+        f"[worker:1] {node}",
+        "[worker:1] Additional GRPC error information from remote target /job:ps/replica:0/task:1 "
+        "while calling /tensorflow.WorkerService/RecvTensor:",
+        f'[worker:1] :UNKNOWN:Error received from peer  {{grpc_message:"{check}"}}',
+        "[worker:1] \t [[while/body/_1/while/click_model_1/table_3_1/Tile/ReadVariableOp/_225]]",
+    ]
+    sentence = "[chief:0] error: table_5 shard 0: one batch brought 11 distinct keys ..."
+    keep = ConsoleFilter(gpu=False)
+    assert [line for line in [*repeated, sentence] if keep(line)] == [sentence]
+    assert keep.follow_on == 2
+
+
+def test_a_lost_workers_function_notices_on_the_chief_are_follow_on():
+    # SIGKILL of worker:1 of a parameter_server job (tfdist-launch, MNIST, 3 workers): the chief's
+    # coordinator then (un)registers each function on the dead worker, one notice a function.
+    lost = "Worker /job:worker/replica:0/task:1 failed with UnavailableError():Socket closed"
+    notices = []
+    for verb, line in (("register", 873), ("remove", 911)):
+        notices += [
+            f"[chief:0] E0000 00:00:1795903576.460121    3748 context.cc:{line}] Failed to {verb} "
+            "function remotely due to failed to connect to all addresses; last error: UNKNOWN: "
+            "ipv4:127.0.0.1:30211: Failed to connect to remote host: Connection refused",
+            "[chief:0] Additional GRPC error information from remote target "
+            "/job:worker/replica:0/task:1 while calling /tensorflow.eager.EagerService/Enqueue:",
+            '[chief:0] :UNKNOWN:Error received from peer  {grpc_message:"failed to connect to all '
+            'addresses", grpc_status:14}',
+            "[chief:0] This could happen if the remote target has been disconnected from the "
+            "client.",
+        ]
+    notices.append(
+        "[chief:0] W0000 00:00:1795903574.482203    4310 context_distributed_manager.cc:968] "
+        "Device filters can only be specified when initializing the cluster. Any changes in "
+        "device filters are ignored when updating the server def."
+    )
+    first = f"[chief:0] E1128 22:06:14.478752 1404 cluster_coordinator.py:949] {lost}"
+    step = "[chief:0] I1128 22:06:15.1 1404 run_context.py:91] step 250/400 loss=0.15"
+    keep = ConsoleFilter(gpu=False)
+    assert [line for line in [first, *notices, step] if keep(line)] == [first, step]
+    assert keep.follow_on == 3

@@ -90,6 +90,18 @@ TF_INFO_SOURCES = (
 #: model-parallel per-layer table (hundreds of lines for a real model; the console has one line per
 #: device and placement.json the whole table).
 LOG_ONLY_SOURCES = ("layer_table.py",)
+#: A serving task's routine INFO records (a parameter_server worker or ps saying it serves, that the
+#: chief is up, that it exits after the chief): 3-5 lines per task, 48 before the first step at 16
+#: tasks. Under a launcher, whose own lines say when tasks start and end, they go to the logs only
+#: (`serving_routine=False`); a task started by hand keeps them on its console.
+SERVING_ROUTINE = (
+    ("cli.py", re.compile(r"^serve as \S+ under ")),
+    (
+        "serve.py",
+        re.compile(r"^serving at |^chief \S+ is up$|^the chief marked training done: exiting"),
+    ),
+    ("shutdown.py", re.compile(r"^the chief exited \(|^the other tasks exited \(")),
+)
 #: cuInit's answer on a machine with no NVIDIA device; with one, the same line is a real problem.
 NO_GPU_CUINIT = ("cuda_platform.cc", re.compile(r"^failed call to cuInit: .*\((303|100)\)$"))
 #: Once the job's training finished: a peer whose coordination-service leader has already exited
@@ -106,11 +118,18 @@ SHUTDOWN_CHATTER = re.compile(
 #: The error itself is elsewhere (the failing task's traceback); these only follow from it.
 FOLLOW_ON = (
     ("grpc_worker_service.cc", re.compile(r"^RecvTensor cancelled for ")),
+    # Any status: a step that failed on another task (a capacity check on a ps) aborts every
+    # task's transfers, each repeating the error; the task that ran the step reports it once.
+    ("local_rendezvous.cc", re.compile(r"^Local rendezvous is aborting with status: ")),
+    # A task sending a failed step's error on to its caller (the caller reports it).
+    ("grpc_util.h", re.compile(r"^Truncated error message: ")),
+    # The coordinator (un)registering functions on a worker that died: one notice per function
+    # (dozens), after its own 'Worker ... failed' line and the launcher's.
+    ("context.cc", re.compile(r"^Failed to (?:register|remove) function remotely due to ")),
+    # The coordinator re-forming the cluster without the lost worker.
     (
-        "local_rendezvous.cc",
-        re.compile(
-            r"^Local rendezvous is aborting with status: (?:ABORTED: Step -?\d+ cancelled|CANCELLED)"
-        ),
+        "context_distributed_manager.cc",
+        re.compile(r"^Device filters can only be specified when initializing the cluster"),
     ),
     # The coordinator dropping its handles to a cancelled closure's outputs on the worker.
     (
@@ -129,7 +148,10 @@ FOLLOW_ON_DETAILS = re.compile(
     r"^Additional GRPC error information from remote target "
     r"|^:UNKNOWN:Error received from peer "
     r"|^This derived error is ignored and not reported to users\.$"
+    r"|^This could happen if the remote target has been disconnected from the client\.$"
     r"|^\s+\[\[.*\]\]"  # the node a status came from: "\t [[{{node while/LoopCond/_53}}]]"
+    r"|^\s+\(\d+\) [A-Z_]+: "  # one of "3 root error(s) found." ("  (0) INVALID_ARGUMENT: ...")
+    r"|^\d+ successful operations\.$|^\d+ derived errors ignored\.$"
 )
 
 #: Lines that signal a failure, or a warning in Python's own format: never hidden.
@@ -159,6 +181,8 @@ class ConsoleFilter:
       info_from: if given, only INFO records from these source files are shown
         (warnings, errors and failures always are).
       gpu: whether this machine has an NVIDIA GPU (default: looked up).
+      serving_routine: whether serving tasks' routine records (`SERVING_ROUTINE`) are shown;
+        the launcher hides them.
 
     One instance follows one stream; lines of several tasks, each with its role
     prefix, may share an instance: a record's state is kept per prefix.
@@ -171,8 +195,10 @@ class ConsoleFilter:
         job_finished: Callable[[], bool] | None = None,
         info_from: tuple[str, ...] | None = None,
         gpu: bool | None = None,
+        serving_routine: bool = True,
     ):
         self._job_finished = job_finished or (lambda: False)
+        self._serving_routine = serving_routine
         self._info_from = info_from
         self._gpu = gpu_present() if gpu is None else gpu
         self._state: dict[str, str] = {}  # role prefix -> state of its current record
@@ -223,6 +249,12 @@ class ConsoleFilter:
             and not FAILURE.search(message)
         ):
             return _QUIET
+        if (
+            level == "I"
+            and not self._serving_routine
+            and record_matches(source, message, SERVING_ROUTINE)
+        ):
+            return _QUIET
         if level == "I" and self._info_from is not None and source not in self._info_from:
             return _SHOWN if FAILURE.search(message) else _QUIET
         return _SHOWN
@@ -244,6 +276,13 @@ def strip_role(line: str) -> str:
     """
     role = _ROLE.match(line)
     return line[role.end() :] if role else line
+
+
+def error_sentence(line: str) -> str | None:
+    """The sentence of a task's one-line error (``[worker:1] error: <sentence>``, as
+    `tfdist-train` ends a task with a ConfigError), or None for any other line."""
+    text = strip_role(line)
+    return text[len("error: ") :] if text.startswith("error: ") and text != line else None
 
 
 def strip_header(line: str) -> str:

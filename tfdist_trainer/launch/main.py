@@ -35,6 +35,7 @@ from tfdist_trainer.launch import (
     emit,
     local_tasks,
     private_network,
+    quick_exit,
     supervisor,
 )
 from tfdist_trainer.launch.flags import FLAGS, passthrough_settings
@@ -92,7 +93,7 @@ def main(argv: list[str]) -> None:
         else ""
     )
     say(f"job {'succeeded' if code == 0 else f'failed with exit code {code}'}{incomplete}")
-    sys.exit(code)
+    quick_exit.leave(code)  # the job is over: TF's teardown in this process took 0.8 s more
 
 
 def _local_cluster(train_args: list[str], settings: argparse.Namespace) -> supervisor.LocalCluster:

@@ -54,6 +54,8 @@ class OutputRelay:
         self._filters: list[tuple[str, console.ConsoleFilter]] = []
         self._failure_shown = False  # the job's first failure printed its traceback
         self._failed_roles: set[str] = set()  # tasks whose failure was reported
+        # a task's one-sentence error -> the roles that said it: shown once, the others counted
+        self._error_roles: dict[str, list[str]] = {}
 
     def _open_log(self, task: LocalTask) -> None:
         """Names the task's log file and opens it once: a restarted task appends to the same copy."""
@@ -76,7 +78,7 @@ class OutputRelay:
         # A lone process calls itself 'local'; a cluster task already prints its own role.
         own_prefixes = (f"[{task.role}]", "[local]")
         log = self._logs[task.role]
-        shown = console.ConsoleFilter(job_finished=self._trained.is_set)
+        shown = console.ConsoleFilter(job_finished=self._trained.is_set, serving_routine=False)
         self._filters.append((task.role, shown))
         output = self._output_of(task.role, process)
         try:
@@ -96,6 +98,8 @@ class OutputRelay:
                 # known TF chatter: the log file only
                 if not shown(console.strip_role(line)) and not self.console_chatter:
                     continue
+                if self._said_before(task.role, line):
+                    continue
                 with self._print_lock:
                     held_before = bool(output.hold.held)
                     self._write(output.hold.feed(line))
@@ -107,6 +111,23 @@ class OutputRelay:
                 self._print(output.hold.release())
         finally:
             output.done.set()
+
+    def _said_before(self, role: str, line: str) -> bool:
+        """Whether `line` is a task's one-sentence error (`[role] error: ...`) that another task
+        said already: every worker refusing the same setting says it once on the console."""
+        sentence = console.error_sentence(line)
+        if sentence is None:
+            return False
+        with self._print_lock:
+            roles = self._error_roles.setdefault(sentence, [])
+            roles.append(role)
+            return len(roles) > 1
+
+    def report_same_errors(self) -> None:
+        """One line naming the tasks whose error the console did not repeat (`_said_before`)."""
+        for roles in self._error_roles.values():
+            if len(roles) > 1:
+                say(f"{', '.join(roles[1:])} ended with the same error as {roles[0]}")
 
     def _release_if_running(self, output: _Output, process: subprocess.Popen) -> None:
         """A traceback held for HOLD_S while its task runs on (a thread's, or a hang): print it."""
@@ -161,11 +182,13 @@ class OutputRelay:
 
     def report_late_failures(self) -> None:
         """After the cluster is torn down: one line for each task that died of a traceback since the
-        job's end was decided (the failure that decided it has been reported already); then one
-        line counting the follow-on lines the console did not show (`report_follow_on`)."""
+        job's end was decided (the failure that decided it has been reported already); one for
+        the tasks whose error repeated another's (`report_same_errors`); then one line counting
+        the follow-on lines the console did not show (`report_follow_on`)."""
         for task in self.tasks:
             if task.process is not None and task.process.poll() not in (None, 0):
                 self._report_failure(task)
+        self.report_same_errors()
         self.report_follow_on()
 
     def report_follow_on(self) -> None:

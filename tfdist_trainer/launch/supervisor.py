@@ -9,6 +9,7 @@ with one warning: it never ends the training it watches.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,11 +126,13 @@ class LocalCluster(OutputRelay):
         self.given_up: list[str] = []
 
     def start(self) -> None:
+        """Starts every task, said in one line whatever their number (a restart says its own)."""
         storage.make_private_dir(self.log_dir)
         for task in self.tasks:
-            self._spawn(task)
+            self._spawn(task, announce=False)
+        say(f"started {', '.join(map(_started, self.tasks))}; logs: {self.log_dir}")
 
-    def _spawn(self, task: LocalTask) -> None:
+    def _spawn(self, task: LocalTask, *, announce: bool = True) -> None:
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)
         if self.cluster:  # the evaluator stays in it, as in Kubeflow's TF_CONFIG
@@ -153,10 +156,8 @@ class LocalCluster(OutputRelay):
         reader = threading.Thread(target=self._pump, args=(task, task.process), daemon=True)
         reader.start()
         self._readers.append(reader)
-        say(
-            f"started {task.role} (pid {task.process.pid}{', ' + task.address if task.address else ''}); "
-            f"log: {task.log_path}"
-        )
+        if announce:
+            say(f"started {_started(task)}; log: {task.log_path}")
 
     def _failed(self, task: LocalTask, code: int) -> int | None:
         """Restarts the failed task's group when the policy allows, or goes on without a task the
@@ -380,3 +381,19 @@ class LocalCluster(OutputRelay):
         for reader in self._readers:
             reader.join(timeout=5)
         self._close_logs()
+
+
+def _started(task: LocalTask) -> str:
+    """``worker:0 (pid 4242, 127.0.0.1:5001)``: what a user needs to signal or reach a task."""
+    return f"{task.role} (pid {task.process.pid}{', ' + task.address if task.address else ''})"
+
+
+#: The launcher's start lines: one for all tasks at the job's start, one per task it restarts.
+_STARTED_LINE = re.compile(r"^\[launch\] started (.+)$", re.M)
+_STARTED_TASK = re.compile(r"(?:^|, )(\S+) \(pid (\d+)(?:, ([^)]+))?\)")
+
+
+def started_tasks(output: str) -> list[tuple[str, str, str]]:
+    """(role, pid, address or '') of every task start in the launcher's `output`, in order: what
+    a tool that signals tasks (the chaos benchmark, the kill tests) reads."""
+    return [task for line in _STARTED_LINE.findall(output) for task in _STARTED_TASK.findall(line)]

@@ -12,11 +12,11 @@ C++ and from imports before Python can filter anything, and
 :func:`own_console` splits the process in two before TensorFlow is imported:
 the child runs the task with its stdout and stderr on pipes; the parent, which
 never imports TensorFlow, copies every line to the task's log and the kept
-lines to the console, forwards signals to the child, and exits as the child
-did. A second process rather than a thread reading a pipe of our own: a task
-that dies in C++ (a CHECK failure, a segfault) or leaves through ``os._exit``
-takes such a thread with it, and the last lines, the ones that say why, were
-lost with it.
+lines to the console (as the launcher shows them: absl's header cut to the
+time), forwards signals to the child, and exits as the child did. A second
+process rather than a thread reading a pipe of our own: a task that dies in C++
+(a CHECK failure, a segfault) or leaves through ``os._exit`` takes such a
+thread with it, and the last lines, the ones that say why, were lost with it.
 
 The log is opened only once the task has created its model_dir (the child
 says so with :func:`log_to`): a configuration error must leave no model_dir
@@ -150,7 +150,8 @@ def _forward(pid: int, signum: int) -> None:
 
 
 def _pump(read_end: int, target: int, log: _PendingLog) -> None:
-    """Every line to the log, the lines ConsoleFilter keeps to `target`, as they come."""
+    """Every line to the log, the lines ConsoleFilter keeps to `target`, as they come, in the
+    launcher's short format (absl's header cut to the time: the log keeps it whole)."""
     shown: Callable[[str], bool] = console.ConsoleFilter()
     with os.fdopen(read_end, "rb") as pipe:
         for raw in pipe:
@@ -158,8 +159,10 @@ def _pump(read_end: int, target: int, log: _PendingLog) -> None:
                 log.open(raw[len(_LOG_MARK) :].rstrip(b"\n").decode())
                 continue
             log.write(raw)
-            if shown(console.strip_role(raw.decode(errors="replace").rstrip("\n"))):
-                _write_all(target, raw)
+            line = raw.decode(errors="replace").rstrip("\n")
+            if shown(console.strip_role(line)):
+                short = console.short_line(line)
+                _write_all(target, raw if short == line else f"{short}\n".encode())
 
 
 def _write_all(target: int, data: bytes) -> None:

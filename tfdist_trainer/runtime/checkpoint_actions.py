@@ -104,6 +104,24 @@ def evaluate_checkpoint(
     )
 
 
+def restore_model(experiment: Experiment, model_dir: str, checkpoint: str | None = None) -> Any:
+    """The Trainer's model, built on this process's one device with one checkpoint's weights
+    (the optimizer's averages where it keeps them, as evaluation and export use).
+
+    A checkpoint of any strategy and shard count restores: a sharded table's checkpoint
+    holds the whole logical table, and a dynamic table's holds its keys, re-hashed onto this
+    model's shards (its lookups are the cluster's).
+    """
+    trainer = _trainer(experiment, model_dir, "chief")
+    trainer.model = build_model(trainer)
+    prefix = checkpoint_to_read(model_dir, checkpoint)
+    state = ema.checkpoint_for_reading(trainer)
+    read_checked(state, prefix, f"{type(trainer).__name__}'s model")
+    for variable, average in ema.averages_of(trainer):
+        variable.assign(average)
+    return trainer.model
+
+
 def export_checkpoint(
     experiment: Experiment,
     model_dir: str,

@@ -19,7 +19,9 @@ import tensorflow as tf
 
 from tfdist_trainer.errors import CONFIG_CHECK, ConfigError
 
-_MESSAGE = re.compile(r"assertion failed: \[(?P<message>[^\]]*)\]")
+#: The line of a failed assertion: its data, each part in brackets ("[a] [35] [b]").
+_ASSERTION = re.compile(r"assertion failed: (?P<parts>(?:\[[^\]\n]*\] ?)+)")
+_PART = re.compile(r"\[([^\]\n]*)\]")
 
 
 @contextlib.contextmanager
@@ -29,7 +31,8 @@ def config_checks_are_config_errors() -> Iterator[None]:
         yield
     except tf.errors.InvalidArgumentError as e:
         text = getattr(e, "message", None) or str(e)
-        found = _MESSAGE.search(text)
+        found = _ASSERTION.search(text)
         if CONFIG_CHECK not in text or not found:
             raise
-        raise ConfigError(f"{found.group('message').rstrip('.')}.") from None
+        message = "".join(_PART.findall(found.group("parts")))
+        raise ConfigError(f"{message.rstrip('.')}.") from None

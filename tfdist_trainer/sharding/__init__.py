@@ -2,7 +2,7 @@
 
 Why not `variable_partitioner`: under parameter_server it turns a layer's
 variable into a `ShardedVariable`, which Keras 3 cannot differentiate
-(DESIGN.md). These layers split a table by rows into N *ordinary* variables
+(docs/design.md). These layers split a table by rows into N *ordinary* variables
 and read it with one gather per shard, so only the rows a batch needs cross
 the network, and gradients are `tf.IndexedSlices`.
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
+from absl import logging
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding.dynamic_eviction import lfu_score
@@ -98,7 +99,26 @@ class DynamicTableCheckpoint(tf_compat.trackable_base()):
                 if "seeds" in saved and shard.seed_state is not None:
                     seed = tf_compat.variable_storage(shard.seed_state)
                     ops.append(_assign_if(same, seed, lambda i=i: saved["seeds"][i]))
+        if tf.executing_eagerly() and not bool(same):
+            _say_rehashed(shards, saved, [int(d) for *_, d in layout])
         return None if tf.executing_eagerly() else tf.group(ops)
+
+
+def _say_rehashed(shards: list, saved: dict[str, tf.Tensor], dropped: list[int]) -> None:
+    """One line for a table restored onto other shards: how many keys moved, and how many a
+    shard too small for them dropped (counted as evicted)."""
+    table = shards[0].where.rsplit(" shard ", 1)[0]
+    saved_shards = int(tf.size(saved["entries_per_shard"]))
+    message = (
+        f"{table}: {int(tf.size(saved['keys'])):,} keys saved on {saved_shards} shard(s) re-hashed "
+        f"onto {len(shards)}"
+    )
+    if sum(dropped):
+        message += (
+            f"; {sum(dropped):,} of them dropped (their shards hold {shards[0].capacity:,} rows "
+            f"each; counted as evicted: raise capacity to keep them)"
+        )
+    logging.info("%s", message)
 
 
 def _assign_if(condition: tf.Tensor, variable: Any, value_fn) -> tf.Tensor:

@@ -58,6 +58,7 @@ from tfdist_trainer.sharding.shard_placement import (
     is_parameter_server,
     placement_ledger,
     ps_devices,
+    strategy_gin_name,
     strategy_kind,
 )
 from tfdist_trainer.sharding.weight import shard_initializer
@@ -92,7 +93,7 @@ def _refuse_replicas(layer_name: str, strategy: tf.distribute.Strategy) -> None:
         return
     raise ConfigError(
         f"{layer_name}: a DynamicEmbedding runs under one_device or parameter_server only, "
-        f"not {type(strategy).__name__} (every replica would need the same key -> row map); "
+        f"not {strategy_gin_name(strategy)} (every replica would need the same key -> row map); "
         f"use parameter_server, or a ShardedEmbedding of fixed size."
     )
 
@@ -142,7 +143,10 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         one default row, which their gradients train.
       num_shards: shards; None: the number of ps tasks under parameter_server,
         len(devices) when devices are given, else 1.
-      key_dtype: 'int64' (integer ids of any value) or 'string'.
+      key_dtype: 'int64' (integer ids of any value) or 'string'; with
+        stacked_features, a list of them, one per feature (string user ids and
+        int64 item ids in one table), and the keys a list of one tensor per
+        feature instead of one tensor whose last axis holds the features.
       min_count: training sightings before a key gets its own row (1: at once).
       max_age_steps: free the rows of keys not seen for this many training
         steps (checked every max(1, max_age_steps // 8) steps); None: never.
@@ -165,7 +169,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         capacity: int,
         *,
         num_shards: int | None = None,
-        key_dtype: str = "int64",
+        key_dtype: str | Sequence[str] = "int64",
         min_count: int = 1,
         max_age_steps: int | None = None,
         embeddings_initializer: Any = "uniform",
@@ -198,9 +202,21 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                 f"{self.name}: stacked_features must be None or an integer >= 1, "
                 f"got {stacked_features!r}."
             )
-        if key_dtype not in KEY_DTYPES:
+        per_feature = isinstance(key_dtype, (list, tuple))
+        if per_feature and (
+            stacked_features is None
+            or len(key_dtype) != stacked_features
+            or any(d not in KEY_DTYPES for d in key_dtype)
+        ):
             raise ConfigError(
-                f"{self.name}: key_dtype must be 'int64' or 'string', got {key_dtype!r}."
+                f"{self.name}: a key_dtype per feature needs stacked_features and one of 'int64' "
+                f"or 'string' for each of them, got key_dtype={list(key_dtype)!r} with "
+                f"stacked_features={stacked_features!r}."
+            )
+        if not per_feature and key_dtype not in KEY_DTYPES:
+            raise ConfigError(
+                f"{self.name}: key_dtype must be 'int64' or 'string' (or, with stacked_features, "
+                f"a list of them, one per feature), got {key_dtype!r}."
             )
         initializer = keras.initializers.get(embeddings_initializer)
         if type(initializer) not in INITIALIZERS:
@@ -212,7 +228,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         self.output_dim = int(output_dim)
         self.capacity = int(capacity)
         self.num_shards = None if num_shards is None else int(num_shards)
-        self.key_dtype = key_dtype
+        self.key_dtype = list(key_dtype) if per_feature else key_dtype
         self.min_count = int(min_count)
         self.max_age_steps = None if max_age_steps is None else int(max_age_steps)
         self.embeddings_initializer = initializer
@@ -227,7 +243,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
             len(self.devices) if self.devices else max(1, len(ps_devices(strategy)))
         )
         rows = -(-self.capacity // count)
-        row_bytes = self.output_dim * tf.as_dtype(self.variable_dtype).size + 4 * 8 + 2 * 16
+        row_bytes = self.output_dim * tf.as_dtype(self.variable_dtype).size + 5 * 8 + 1 + 2 * 16
         candidates = list(self.devices) if self.devices else ps_devices(strategy)
         ledger = placement_ledger(strategy)
         placement = (
@@ -259,6 +275,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                     max_age_steps=self.max_age_steps,
                     device=_table_device(device, strategy),
                     concurrent=is_parameter_server(strategy),
+                    layer_shards=count,
                 )
             pool._tfdist_dynamic_shard = shard  # read by ReshardableOptimizerMixin (slot resets)
             if shard.concurrent:  # workers update the pool at once: each update whole
@@ -299,7 +316,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                 f"moves layers between devices); use one_device or parameter_server."
             )
         _refuse_xla(self.name)
-        keys = as_int64_keys(self.name, self.key_dtype, keys)
+        keys = self._int64_keys(keys)
         out_shape = tf.concat([tf.shape(keys), [self.output_dim]], 0)
         if tf_compat.in_symbolic_scope() or tf_compat.in_stateless_scope():
             return tf.zeros(out_shape, self.compute_dtype)
@@ -336,6 +353,30 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         out = tf.reshape(tf.gather(vectors, position), out_shape)
         return tf.cast(out, self.compute_dtype)
 
+    def _int64_keys(self, keys) -> tf.Tensor:
+        """The call's keys as one int64 tensor: a list of one tensor per stacked feature (each of
+        its own key_dtype) becomes the features stacked on the last axis."""
+        if not isinstance(keys, (list, tuple)):
+            if isinstance(self.key_dtype, list):
+                raise ConfigError(
+                    f"{self.name}: key_dtype={self.key_dtype!r} (one per feature) needs the keys "
+                    f"as a list of {len(self.key_dtype)} tensors, one per feature, got one "
+                    f"{type(keys).__name__}."
+                )
+            return as_int64_keys(self.name, self.key_dtype, keys)
+        dtypes = (
+            self.key_dtype if isinstance(self.key_dtype, list) else [self.key_dtype] * len(keys)
+        )
+        if self.stacked_features is None or len(keys) != self.stacked_features:
+            raise ConfigError(
+                f"{self.name}: keys as a list of {len(keys)} tensors need stacked_features="
+                f"{len(keys)} (one tensor per feature), got stacked_features="
+                f"{self.stacked_features!r}."
+            )
+        return tf.stack(
+            [as_int64_keys(self.name, dtype, k) for dtype, k in zip(dtypes, keys)], axis=-1
+        )
+
     def _vectors(self, shard: DynamicTableShard, keys, counts, features, insert: bool) -> tf.Tensor:
         """The vector of each key: its row of the shard's pool, or the default row (of its feature
         when stacked), which then gets the key's gradient; the pool's gradient holds only rows of
@@ -348,10 +389,19 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
             default = tf.tile(self.default_row, [tf.size(at_default), 1])
         else:
             default = tf.gather(self.default_row, tf.gather(features, at_default))
-        pooled = tf_compat.sparse_read(shard.pool, tf.gather(rows, at_rows))
+        if insert:  # rows taken in this step are drawn by their first read
+            pooled = shard.read_rows(tf.gather(rows, at_rows))
+        else:
+            pooled = tf_compat.sparse_read(shard.pool, tf.gather(rows, at_rows))
         return tf.dynamic_stitch([at_rows, at_default], [pooled, default])
 
     def compute_output_shape(self, input_shape):
+        if (
+            isinstance(input_shape, list)
+            and input_shape
+            and isinstance(input_shape[0], (list, tuple))
+        ):
+            return tuple(input_shape[0]) + (len(input_shape), self.output_dim)
         return tuple(input_shape) + (self.output_dim,)
 
     def get_config(self):

@@ -65,6 +65,8 @@ def import_shard_state(shard: DynamicTableShard, state: dict[str, tf.Tensor]) ->
             shard.row_key.assign(tf.fill([shard.capacity], tf.constant(EMPTY_KEY, tf.int64))),
             shard.frequency.assign(tf.zeros([shard.capacity], tf.int64)),
             shard.last_seen.assign(tf.zeros([shard.capacity], tf.int64)),
+            shard.taken_at.assign(tf.zeros([shard.capacity], tf.int64)),
+            shard.undrawn.assign(tf.zeros([shard.capacity], tf.bool)),
         ]
         with tf.control_dependencies(effect_ops(effects)):
             effects += [

@@ -14,10 +14,13 @@ candidates (key -> times seen) when ``min_count > 1``, and int64 variables of
 seen, a stack of free rows) plus scalar counters. Every row belongs to a
 key; keys without a row read `MISSING` (the layer's default row).
 
-Why a row is drawn when it is taken, not when it is freed: the contents of
-a free row then never matter, so a checkpoint holds only the rows in use
-(and a restore onto other shards needs nothing else), and a fresh pool need
-not be drawn at all.
+Why a row is drawn anew after a key takes it, not when it is freed: the
+contents of a free row then never matter, so a checkpoint holds only the rows
+in use (and a restore onto other shards needs nothing else), and a fresh pool
+need not be drawn at all. It is drawn by its first read (`read_rows`), under
+the pool's lock, so that an update of the row's previous key that is under
+way finishes first; that update, and any later one computed for the previous
+key, leaves the row out (`current_rows`).
 
 Why the hash tables are rebuilt now and then: TF's `DenseHashTable` marks a
 removed key's bucket "deleted" and only an insert that probes it first reuses
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
+import weakref
 from typing import Any
 
 import keras
@@ -49,7 +53,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.errors import CONFIG_CHECK
+from tfdist_trainer.errors import CONFIG_CHECK, ConfigError
+from tfdist_trainer.sharding import update_lock
 from tfdist_trainer.sharding.dynamic_eviction import ShardEviction
 from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY, EMPTY_KEY, reserved
 from tfdist_trainer.sharding.graph_effects import effect_ops
@@ -85,6 +90,7 @@ class DynamicTableShard(ShardEviction, tf.Module):
         max_age_steps: int | None,
         device: str | None,
         concurrent: bool = True,
+        layer_shards: int = 1,
     ):
         super().__init__(name=None)
         capacity, dim = (int(d) for d in pool.shape)
@@ -96,6 +102,7 @@ class DynamicTableShard(ShardEviction, tf.Module):
         # Whether several training steps may run at once (parameter_server workers): then each
         # step's read-modify-write runs in the critical section.
         self.concurrent = concurrent
+        self.layer_shards = layer_shards  # the layer's shard count, for messages
         self.pool = pool
         self.__dict__["_reinitializer"] = reinitializer
         seed = getattr(reinitializer, "seed", None)
@@ -105,6 +112,8 @@ class DynamicTableShard(ShardEviction, tf.Module):
         )
         self.__dict__["_slots"] = []  # (name, optimizer slot, its initial row): not ours to save
         self.__dict__["_traced"] = False
+        # graph -> the clock of that graph's first training lookup of the shard (`current_rows`)
+        self.__dict__["_lookup_clocks"] = weakref.WeakKeyDictionary()
 
         def int64(value, name):
             return tf.Variable(value, dtype=tf.int64, trainable=False, name=name)
@@ -113,6 +122,13 @@ class DynamicTableShard(ShardEviction, tf.Module):
             self.row_key = int64(tf.fill([capacity], tf.constant(EMPTY_KEY, tf.int64)), "row_key")
             self.frequency = int64(tf.zeros([capacity], tf.int64), "frequency")
             self.last_seen = int64(tf.zeros([capacity], tf.int64), "last_seen")
+            # The step (clock) at which each row was taken by its key: an update computed from
+            # an earlier step's lookup is stale there (`current_rows`). Not checkpointed.
+            self.taken_at = int64(tf.zeros([capacity], tf.int64), "taken_at")
+            # Rows taken by a key and not read since: drawn anew by their first read.
+            self.undrawn = tf.Variable(
+                tf.zeros([capacity], tf.bool), trainable=False, name="undrawn"
+            )
             # Free rows are free_rows[0:free], free = capacity - rows_in_use, popped from the end.
             self.free_rows = int64(np.arange(capacity - 1, -1, -1, dtype=np.int64), "free_rows")
             self.clock = int64(0, "clock")
@@ -162,7 +178,14 @@ class DynamicTableShard(ShardEviction, tf.Module):
     # -- state that is not ours -------------------------------------------------
     def state_variables(self) -> list:
         """The bookkeeping variables (not the pool): what the placement ledger counts besides it."""
-        return [self.row_key, self.frequency, self.last_seen, self.free_rows]
+        return [
+            self.row_key,
+            self.frequency,
+            self.last_seen,
+            self.taken_at,
+            self.undrawn,
+            self.free_rows,
+        ]
 
     @property
     def counters(self) -> dict[str, tf.Variable]:
@@ -218,14 +241,59 @@ class DynamicTableShard(ShardEviction, tf.Module):
             self.__dict__["_traced"] = True
         with self.on_device():
             if not self.concurrent:  # one step at a time: the function's own ordering suffices
-                return self._step(keys, counts)
-            # Not exclusive: the pool and its slots are also written under the pool's own lock
-            # (the optimizer's updates, `update_lock`).
-            return self._critical_section.execute(
-                lambda: self._step(keys, counts), exclusive_resource_access=False
+                rows, clock = self._step(keys, counts)
+            else:
+                # Not exclusive: the pool is read and written under its own lock (`read_rows`,
+                # the optimizer's updates).
+                rows, clock = self._critical_section.execute(
+                    lambda: self._step(keys, counts), exclusive_resource_access=False
+                )
+        self._note_lookup_clock(clock)
+        return rows
+
+    # -- updates of rows whose key changed ---------------------------------------------
+    def _note_lookup_clock(self, clock: tf.Tensor) -> None:
+        if tf.executing_eagerly():
+            return
+        graph = tf.compat.v1.get_default_graph()
+        first = self._lookup_clocks.get(graph)
+        self._lookup_clocks[graph] = clock if first is None else tf.minimum(first, clock)
+
+    def current_rows(self, gradient: tf.IndexedSlices) -> tf.IndexedSlices:
+        """`gradient` (of the pool) without the rows taken by another key since this step looked
+        its keys up; run it under the pool's lock, where no row is drawn anew meanwhile.
+
+        Why: between a step's lookup and its update, another worker's step (or a later call
+        of the layer in the same step) may evict a row the step read and give it to a new
+        key; the update would then land on the new key, which would start from the old key's
+        gradient. A row taken after the step's first lookup of the shard is dropped from the
+        update (the old key has left the table; its last gradient goes with it). A gradient
+        made in a graph with no lookup of this shard (a step split over functions) is kept
+        whole: there is nothing to compare against.
+        """
+        clock = self._lookup_clock_of(tf.compat.v1.get_default_graph())
+        if clock is None or not isinstance(gradient, tf.IndexedSlices):
+            return gradient
+        with self.on_device():
+            rows = tf.cast(gradient.indices, tf.int64)
+            keep = (tf.gather(self.taken_at, rows) <= clock) & (
+                tf.gather(self.row_key, rows) != EMPTY_KEY
+            )
+            return tf.IndexedSlices(
+                tf.boolean_mask(gradient.values, keep),
+                tf.boolean_mask(gradient.indices, keep),
+                gradient.dense_shape,
             )
 
-    def _step(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+    def _lookup_clock_of(self, graph: Any) -> tf.Tensor | None:
+        while graph is not None:  # an update in a cond or loop body nested in the step's graph
+            clock = self._lookup_clocks.get(graph)
+            if clock is not None:
+                return clock
+            graph = getattr(graph, "outer_graph", None)
+        return None
+
+    def _step(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         # First, before this step reads them: rebuild a table worn by the removals of earlier steps.
         upkeep = [self._rebuild_if_worn("table", MISSING)]
         if self.candidates is not None:
@@ -233,7 +301,7 @@ class DynamicTableShard(ShardEviction, tf.Module):
         with tf.control_dependencies(effect_ops(upkeep)):
             return self._steps_work(keys, counts)
 
-    def _steps_work(self, keys: tf.Tensor, counts: tf.Tensor) -> tf.Tensor:
+    def _steps_work(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         effects: list = []
         clock = tf.convert_to_tensor(self.clock.assign_add(1))
         bad = reserved(keys)
@@ -257,16 +325,7 @@ class DynamicTableShard(ShardEviction, tf.Module):
         admitted_keys = tf.boolean_mask(new_keys, admit)
         n_new = tf.size(admitted_keys, out_type=tf.int64)
         needed = tf.size(found_rows, out_type=tf.int64) + n_new
-        check = tf.debugging.assert_less_equal(
-            needed,
-            tf.constant(self.capacity, tf.int64),
-            message=(
-                f"{self.where}: its {self.capacity} rows cannot hold the distinct keys of one "
-                f"batch that need a row in this shard (the first value); raise capacity"
-            ),
-            summarize=1,
-            name=CONFIG_CHECK,  # the task then exits with this sentence, code 2 (config_checks.py)
-        )
+        check = self._capacity_check(needed)
         effects.append(check)
         with tf.control_dependencies(effect_ops([check])):
             n_new = tf.identity(n_new)
@@ -277,6 +336,9 @@ class DynamicTableShard(ShardEviction, tf.Module):
         effects += [
             self.table.insert(admitted_keys, new_rows),
             self.row_key.scatter_update(tf.IndexedSlices(admitted_keys, new_rows)),
+            self.taken_at.scatter_update(
+                tf.IndexedSlices(tf.fill(tf.shape(new_rows), clock), new_rows)
+            ),
             self.frequency.scatter_update(tf.IndexedSlices(admitted_counts, new_rows)),
             self.last_seen.scatter_update(
                 tf.IndexedSlices(tf.fill(tf.shape(new_rows), clock), new_rows)
@@ -289,7 +351,27 @@ class DynamicTableShard(ShardEviction, tf.Module):
             out, tf.boolean_mask(missing_at, admit)[:, None], new_rows
         )
         with tf.control_dependencies(effect_ops(effects)):
-            return tf.identity(out)
+            return tf.identity(out), tf.identity(clock)
+
+    def _capacity_check(self, needed: tf.Tensor) -> Any:
+        """Fails unless the shard's rows hold the `needed` distinct keys of one batch: a sentence
+        with the numbers a user needs to act (keys, rows, the capacity that would do)."""
+        parts = [
+            f"{self.where}: one batch brought ",
+            needed,
+            f" distinct keys that need a row to this shard, which holds {self.capacity} rows; "
+            f"raise capacity to at least ",
+            needed * self.layer_shards,
+            f" ({self.layer_shards} shard(s) x the keys this shard got)",
+        ]
+        if tf.executing_eagerly():  # the layer called eagerly: the sentence as it is
+            if int(needed) > self.capacity:
+                raise ConfigError(
+                    "".join(str(p if isinstance(p, str) else int(p)) for p in parts) + "."
+                )
+            return tf.constant(True)
+        # In a traced step: an assertion named CONFIG_CHECK, whose parts config_checks.py joins.
+        return tf.debugging.Assert(needed <= self.capacity, parts, name=CONFIG_CHECK)
 
     def _admission(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, list]:
         """Which new keys get a row now (seen `min_count` times in all), and the candidates' updates."""
@@ -321,19 +403,50 @@ class DynamicTableShard(ShardEviction, tf.Module):
             return tf.size(forget, out_type=tf.int64)
 
     def _take(self, n: tf.Tensor) -> tuple[tf.Tensor, list]:
-        """Pops `n` rows off the free stack (rows 0, 1, ... of a fresh shard first), each drawn anew
-        from the initializer, its optimizer slots reset; returns the rows and those updates."""
+        """Pops `n` rows off the free stack (rows 0, 1, ... of a fresh shard first), marked to be
+        drawn anew by their first read (`read_rows`); returns the rows and those updates."""
         free = self.capacity - self.rows_in_use.read_value()
         rows = tf.gather(self.free_rows, free - 1 - tf.range(n))
         with tf.control_dependencies([rows]):
             taken = self.rows_in_use.assign_add(n)
+        marked = self.undrawn.scatter_update(tf.IndexedSlices(tf.ones_like(rows, tf.bool), rows))
+        return rows, [taken, marked]
+
+    # -- the pool ----------------------------------------------------------------------
+    def read_rows(self, rows: tf.Tensor) -> tf.Tensor:
+        """The pool's distinct `rows`, each row a key took since it was last read drawn anew first
+        (its optimizer slots reset); under the pool's own lock where steps run concurrently.
+
+        Why the draw happens here and not when the key takes the row (in the shard's critical
+        section): the pool's updates run under the pool's lock (`update_lock`), and a row must
+        never be redrawn in the middle of one. Drawing it under that same lock, by whichever
+        step reads it first, orders the draw after every update that was already running and
+        before every read of the new key. (Giving the lookup and the updates one lock instead
+        hung 2 workers within 40 steps on TF 2.21, with LFU evictions under way.)
+        """
+        lock = update_lock.lock_of(self.pool)
+
+        def draw_then_read():
+            with self.on_device():
+                drawn = self._draw(tf.boolean_mask(rows, tf.gather(self.undrawn, rows)))
+                with tf.control_dependencies(effect_ops(drawn)):
+                    return tf_compat.sparse_read(self.pool, rows)
+
+        return draw_then_read() if lock is None else lock.read(draw_then_read)
+
+    def _draw(self, rows: tf.Tensor) -> list:
+        """Draws `rows` anew from the initializer and resets their optimizer slots."""
+        n = tf.size(rows)
         pool = tf_compat.variable_storage(self.pool)
         fresh = self._reinitializer(shape=(n, self.dim), dtype=pool.dtype)
-        effects = [taken, pool.scatter_update(tf.IndexedSlices(tf.cast(fresh, pool.dtype), rows))]
+        effects = [
+            pool.scatter_update(tf.IndexedSlices(tf.cast(fresh, pool.dtype), rows)),
+            self.undrawn.scatter_update(tf.IndexedSlices(tf.zeros_like(rows, tf.bool), rows)),
+        ]
         for _, slot, row in self._slots:
             stored = tf_compat.variable_storage(slot)
             effects.append(stored.scatter_update(tf.IndexedSlices(tf.tile(row, [n, 1]), rows)))
-        return rows, effects
+        return effects
 
     # -- hash-table upkeep -------------------------------------------------------
     def _remove(self, which: str, keys: tf.Tensor) -> tf.Tensor:

@@ -3,7 +3,7 @@
 keras-rs 0.4's `keras_rs.layers.DistributedEmbedding` accelerates only TPU
 SparseCore. On TF CPU/GPU it is one plain Keras `Embedding` per table, so under
 parameter_server every table lands whole on one ps, and `TableConfig.optimizer`
-is ignored (DESIGN.md, "Large tables"). This bridge keeps the keras-rs configs
+is ignored (docs/design.md, "Why large tables shard themselves"). This bridge keeps the keras-rs configs
 (`TableConfig`, `FeatureConfig`, in any nesting) as the source of truth and
 returns a drop-in layer: same nested inputs and outputs, same combiners, one
 `ShardedEmbedding` per table, so each table is split by rows over the ps tasks

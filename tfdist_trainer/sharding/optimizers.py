@@ -33,18 +33,41 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
 
     Every update of a table shard that several workers update at once
     (parameter_server) runs whole under the shard's lock (`update_lock`), so
-    concurrent updates of the same rows are all applied, none overwritten.
+    concurrent updates of the same rows are all applied, none overwritten. A
+    `DynamicEmbedding` pool's update leaves out the rows given to another key
+    since the step looked its keys up (`DynamicTableShard.current_rows`).
     """
 
     def update_step(self, gradient, variable, learning_rate):
-        update = super().update_step
-        # Keras hands update_step the TF variable that stores a Keras variable; the lock is the
-        # Keras variable's.
-        lock = update_lock.lock_of(tf_compat.optimizer_variable(self, variable))
+        # Keras hands update_step the TF variable that stores a Keras variable; the lock and
+        # the dynamic shard are the Keras variable's.
+        table = tf_compat.optimizer_variable(self, variable)
+        lock = update_lock.lock_of(table)
+        shard = getattr(table, "_tfdist_dynamic_shard", None)
         if lock is None:  # one update at a time (not a table, or not parameter_server)
-            return update(gradient, variable, learning_rate)
+            if shard is not None:  # a later call of the layer in this step may have moved rows
+                gradient = shard.current_rows(gradient)
+            return super().update_step(gradient, variable, learning_rate)
         gradient = update_lock.on_device_of(variable, gradient)
-        lock.run(lambda: update(gradient, variable, learning_rate))
+        if shard is None and self._holds_variable_locks(gradient):
+            return self._locked_update_step(gradient, variable, learning_rate)
+        lock.run(
+            lambda: self._locked_update_step(
+                gradient if shard is None else shard.current_rows(gradient),
+                variable,
+                learning_rate,
+            )
+        )
+
+    def _holds_variable_locks(self, gradient) -> bool:
+        """Whether the update of `gradient` holds its variables' own locks from its first read to
+        its last write (a fused kernel with use_locking), so the shard's lock adds nothing."""
+        return False
+
+    def _locked_update_step(self, gradient, variable, learning_rate):
+        """The optimizer's update of `variable` where other workers update it too: run whole,
+        under the shard's lock or (`_holds_variable_locks`) the variables' own."""
+        return super().update_step(gradient, variable, learning_rate)
 
     def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
         slot = super().add_variable_from_reference(
@@ -170,13 +193,17 @@ class SparseAdagrad(ReshardableOptimizerMixin, _RowAdagrad):
     several workers are applied one after the other; none is lost (without a
     lock 38-44% of them were, with 4 workers on rows every batch touches). The
     fused kernel costs more CPU per row than the write-back, but less than the
-    shard lock's own ops (click benchmark: BUILD.md, "Update semantics").
+    shard lock's own ops (click benchmark: BUILD.md, "Update semantics"). A
+    `DynamicEmbedding` pool's fused update still runs in its shard's critical
+    section, where no row is reset for a new key during it.
     """
 
-    def update_step(self, gradient, variable, learning_rate):
-        locked = update_lock.lock_of(tf_compat.optimizer_variable(self, variable)) is not None
-        if not (locked and isinstance(gradient, tf.IndexedSlices)):
-            return super().update_step(gradient, variable, learning_rate)
+    def _holds_variable_locks(self, gradient) -> bool:
+        return isinstance(gradient, tf.IndexedSlices)
+
+    def _locked_update_step(self, gradient, variable, learning_rate):
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super()._locked_update_step(gradient, variable, learning_rate)
         accumulator = tf_compat.variable_storage(tf_compat.adagrad_accumulator(self, variable))
         stored = tf_compat.variable_storage(variable)
         with tf.device(stored.device):

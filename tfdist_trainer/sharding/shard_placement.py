@@ -41,6 +41,17 @@ def strategy_kind(strategy: tf.distribute.Strategy) -> str:
     return "replicated"
 
 
+def strategy_gin_name(strategy: tf.distribute.Strategy) -> str:
+    """The strategy as a user chose it (its gin file's name), for messages: TF's class names
+    (`CollectiveAllReduceStrategy` for multi_worker_mirrored) are not what the user wrote."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "multi_worker_mirrored"
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return "mirrored"
+    kind = strategy_kind(strategy)
+    return kind if kind != "replicated" else type(strategy).__name__
+
+
 def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
     return strategy_kind(strategy) == "parameter_server"
 

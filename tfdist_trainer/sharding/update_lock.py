@@ -16,16 +16,14 @@ inside (`ReshardableOptimizerMixin.update_step`): the lock and the update are
 ops of the ps that holds the shard, so nothing crosses the network for it, and
 updates of different shards never wait for each other. `SparseAdagrad`'s
 sparse update takes TF's fused kernel with ``use_locking=True`` instead, which
-holds the variables' own locks for the whole update at less cost. A dynamic table's pool
-has a lock of its own too, apart from its shard's critical section (the step
-that looks keys up and gives new keys rows): taking the pool's lock for a row's
-reset inside that section hung 4 workers within 100 steps (TF 2.21).
-
-What the lock does not do: a dynamic table's row that is evicted and reset for
-a new key while a worker's update of the evicted key is in flight (read before
-the reset, written after) gets that update; the new key then starts from the
-evicted key's row. It needs an eviction of a row some worker is updating in
-that moment, which LFU makes rare (the rows a batch reads were just counted).
+holds the variables' own locks for the whole update at less cost. A dynamic
+table's pool has a lock of its own, apart from its shard's critical section
+(the step that looks keys up and gives new keys rows): a row a new key took is
+drawn anew under the pool's lock by its first read, never in the middle of an
+update, and an update leaves out the rows given to another key since its step
+looked them up (`DynamicTableShard.current_rows`). One lock for both hung 2
+workers within 40 steps (TF 2.21), as did taking the pool's lock inside the
+shard's section.
 
 Cost: a lock and an unlock per shard and update. In one process the CPU of an
 update was the same with the lock; on the click benchmark's ps its 52 locked
@@ -66,6 +64,10 @@ class UpdateLock:
         return self._made().execute(
             lambda: _all_effects_of(update), exclusive_resource_access=False
         )
+
+    def read(self, read: Callable[[], tf.Tensor]) -> tf.Tensor:
+        """`read()`'s tensor, computed under the lock (`read` waits on its own writes, if any)."""
+        return self._made().execute(read, exclusive_resource_access=False)
 
     def _made(self) -> tf.CriticalSection:
         if self._section is None:

@@ -2,7 +2,7 @@
 
 Why not `variable_partitioner`: under parameter_server it turns a layer's
 variable into a `ShardedVariable`, which Keras 3 cannot differentiate
-(DESIGN.md). A sharded weight reads its table with one gather per shard, so
+(docs/design.md). A sharded weight reads its table with one gather per shard, so
 only the rows a batch needs cross the network, and gradients are
 `tf.IndexedSlices`.
 

@@ -56,7 +56,7 @@ class ParameterServer(StrategyConfig):
             workers cannot run Python: no py_function, numpy_function or from_generator).
         """
         # No variable_partitioner: Keras 3 cannot differentiate the ShardedVariables it makes
-        # (see DESIGN.md); large tables shard themselves instead (tfdist_trainer.sharding).
+        # (docs/design.md); large tables shard themselves instead (tfdist_trainer.sharding).
         if not checks.is_positive_int(steps_per_loop):
             raise ConfigError(
                 f"parameter_server.steps_per_loop must be an integer >= 1, got {steps_per_loop!r}."

@@ -7,7 +7,7 @@ of the mean over the global batch). The all-reduce happens once per update, in
 `apply_gradients`, under every strategy; under parameter_server a scheduled closure
 holds whole updates. Keras' own `gradient_accumulation_steps` puts the update inside
 a `tf.cond`, where `merge_call` fails under multi_worker_mirrored and parameter_server
-(DESIGN.md), so this one is built in the step instead, unrolled over the k batches.
+(docs/design.md), so this one is built in the step instead, unrolled over the k batches.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Putting a layer's ops and variables on a device, also under a data-parallel strategy.
 
 The placement decides which device each layer runs on; this module is how a decision becomes
-true. DESIGN.md: variables land on the device current when a layer is *built*, so a layer's
+true. docs/design.md: variables land on the device current when a layer is *built*, so a layer's
 build and call run inside `on_device`; variables created elsewhere anyway are re-created on
 their device (`move_variable`) or, when Keras deferred them, initialized there
 (`defer_to_device`). The private Keras/TF details go through `tfdist_trainer.tf_compat`.

@@ -21,7 +21,7 @@ so. Call order, not attribute order, orders the stages: every layer's ``call`` i
 wrapped, and the model's first eager call records in which order they run.
 
 `Placement.apply` wraps each layer's ``build`` and ``call`` so that both its
-variables and its forward ops live on the layer's device (DESIGN.md: variables land
+variables and its forward ops live on the layer's device (docs/design.md: variables land
 on the device current when a layer is *built*). Variables created elsewhere anyway
 -- a model built before it reached the strategy (every functional model), an
 ``'auto'`` plan (sizes are known only once the model is built), or a lazy build
