@@ -28,12 +28,16 @@ for blocked in ("tfdist_trainer", "keras", "recipes"):
 import numpy as np
 import tensorflow as tf
 
-export_dir, inputs_path, outputs_path = sys.argv[1:]
+export_dir, inputs_path, outputs_path, output_name = sys.argv[1:]
 inputs = dict(np.load(inputs_path, allow_pickle=False))
 loaded = tf.saved_model.load(export_dir)
 serve = loaded.signatures["serving_default"]
 outputs = serve(**{name: tf.constant(value) for name, value in inputs.items()})
-(prediction,) = outputs.values()
+if output_name:
+    assert output_name in outputs, f"the signature's outputs are {sorted(outputs)}, not {output_name!r}"
+    prediction = outputs[output_name]
+else:
+    (prediction,) = outputs.values()
 np.save(outputs_path, prediction.numpy())
 ops = sorted({op.type for op in serve.graph.get_operations()})
 for function in serve.graph._functions.values():
@@ -50,16 +54,17 @@ print(json.dumps({"ops": sorted(set(ops))}))
 
 
 def serve_in_clean_process(
-    export_dir: str, inputs: dict[str, np.ndarray]
+    export_dir: str, inputs: dict[str, np.ndarray], output: str = ""
 ) -> tuple[np.ndarray, list]:
-    """The export's predictions for `inputs` from a clean process, and the op types it ran."""
+    """The export's predictions for `inputs` from a clean process (its one output, or the one
+    named `output`, which must exist), and the op types it ran."""
     with tempfile.TemporaryDirectory() as scratch:
         inputs_path = os.path.join(scratch, "inputs.npz")
         outputs_path = os.path.join(scratch, "outputs.npy")
         np.savez(inputs_path, **inputs)
         env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TF_CPP_MIN_LOG_LEVEL": "2"}
         result = subprocess.run(
-            [sys.executable, "-I", "-c", _SERVE, export_dir, inputs_path, outputs_path],
+            [sys.executable, "-I", "-c", _SERVE, export_dir, inputs_path, outputs_path, output],
             cwd=scratch,
             env=env,
             capture_output=True,

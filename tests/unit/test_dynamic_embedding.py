@@ -451,7 +451,8 @@ def test_a_model_trained_on_two_shards_serves_raw_keys_from_a_clean_process(tmp_
     unseen = examples(300, 300, 300)  # new users and items: the default rows
     probe = {k: np.concatenate([seen[k], unseen[k]]) for k in seen}
     expected = model({k: tf.constant(v) for k, v in probe.items()}).numpy()
-    served, ops = serve_in_clean_process(str(tmp_path / "export"), probe)
+    # The signature's output is named after the model's output layer ("score"), not output_0.
+    served, ops = serve_in_clean_process(str(tmp_path / "export"), probe, output="score")
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
     assert np.abs(expected[:700] - expected[700:].mean()).max() > 1e-3  # the rows were trained
     assert "LookupTableFindV2" in ops and "Fingerprint" in ops

@@ -134,7 +134,8 @@ def track_sublayers(owner: Any, layers: Any) -> None:
 
 
 def export_archive_of(model: Any) -> Any:
-    """A `keras.export.ExportArchive` serving `model`'s call as ``serve``, each weight saved once.
+    """A `keras.export.ExportArchive` serving `model`'s call as ``serve``, each weight saved once,
+    its outputs named after the model's (`named_outputs`).
 
     `model.export(format="tf_saved_model")` builds the same archive, but its
     SavedModel holds every weight twice: once under ``variables/N`` (the
@@ -150,11 +151,36 @@ def export_archive_of(model: Any) -> Any:
     from keras.src.export.export_utils import get_input_signature
 
     archive = keras.export.ExportArchive()
-    archive.track_and_add_endpoint("serve", model, get_input_signature(model))
+    archive.track(model)
+    names = serving_output_names(model)
+
+    def serve(*inputs):
+        return named_outputs(model(*inputs), names)
+
+    archive.add_endpoint("serve", serve, get_input_signature(model))
     tracked = archive._tf_trackable  # noqa: SLF001
     for name in ("variables", "trainable_variables", "non_trainable_variables"):
         setattr(tracked, name, [variable_storage(v) for v in getattr(tracked, name)])
     return archive
+
+
+def serving_output_names(model: Any) -> list[str]:
+    """The names a functional model gives its outputs (its output layers' names), or [] where it
+    gives none (a subclassed model)."""
+    names = list(getattr(model, "output_names", None) or [])
+    return names if len(set(names)) == len(names) else []
+
+
+def named_outputs(outputs: Any, names: list[str]) -> Any:
+    """A serving signature's outputs under names a client can read: a dict keeps its keys; a
+    tensor, or a list of them, takes the model's output names (`serving_output_names`), else
+    ``output_0``, ``output_1``... as Keras' own `model.export` names them."""
+    if isinstance(outputs, dict):
+        return outputs
+    flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    if len(names) != len(flat):
+        names = [f"output_{i}" for i in range(len(flat))]
+    return dict(zip(names, flat))
 
 
 def checkpoint_variable_names(prefix: str, child: str | None = None) -> dict[str, str]:
