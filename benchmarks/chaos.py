@@ -49,7 +49,7 @@ KINDS = {job: [(s, t) for t in TYPES[job] for s in ("SIGKILL", "SIGTERM")] for j
 #: the default train_steps so that training outlasts the faults.
 RATE = {"ps": 160.0, "mwms": 120.0}
 RESTARTING = re.compile(r"^\[launch\] .*; restarting (.+?) in [\d.]+s", re.M)
-GONE = r"^\[launch\] (evaluation stopped: |{role} finished|{role} exited .* is not restarted)"
+GONE = r"^\[launch\] (evaluation stopped: |finished: (.*, )?{role}(,|$)|{role} exited .* is not restarted)"
 GIVEN_UP = re.compile(r"^\[launch\] (.*(?:not restarted|evaluation stopped).*)$", re.M)
 #: A task's last words in its log: the one sentence it ended with (`[worker:1] error: ...`).
 TASK_ERROR = re.compile(r"^\[[a-z_]+:\d+\] error: .*$", re.M)

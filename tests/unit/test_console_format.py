@@ -7,7 +7,7 @@ import time
 
 from tfdist_trainer.launch.console import short_line
 from tfdist_trainer.launch.failure_cause import TracebackHold
-from tfdist_trainer.launch.supervisor import started_tasks
+from tfdist_trainer.launch.supervisor import finished_tasks, started_tasks
 
 INFO = "[chief:0] I1125 10:06:13.424594 139980406279040 controller.py:139] step 10/50 loss=1.2"
 WARNING = "[worker:1] W1125 10:06:14.000001 139980406279040 data.py:12] slow input"
@@ -140,3 +140,23 @@ def test_the_launchers_start_lines_name_every_tasks_pid_and_address():
         ("worker:0", "21", "127.0.0.1:5001"),
         ("evaluator:0", "22", ""),
     ]
+
+
+def test_tasks_that_exit_together_are_one_finished_line_that_tools_still_read_per_task():
+    """A 100-task job ends with a line, not a hundred; the chaos benchmark still tells worker:1
+    from worker:10."""
+    import re
+
+    from benchmarks import chaos
+
+    output = "\n".join(
+        [
+            "[launch] finished: chief:0",
+            "[launch] finished: ps:0, worker:10, ps:1",
+            "[launch] job succeeded",
+        ]
+    )
+    assert finished_tasks(output) == ["chief:0", "ps:0", "worker:10", "ps:1"]
+    assert re.compile(chaos.GONE.format(role="worker:10"), re.M).search(output)
+    assert re.compile(chaos.GONE.format(role="ps:1"), re.M).search(output)
+    assert not re.compile(chaos.GONE.format(role="worker:1"), re.M).search(output)

@@ -290,18 +290,22 @@ class LocalCluster(OutputRelay):
         from tfdist_trainer.plan.network import is_listening
 
         while True:
+            finished = []
             for task in self.tasks:
                 if task.returncode is None and task.process.poll() is not None:
                     task.returncode = task.process.returncode
                     if task.returncode != 0:
+                        _say_finished(finished)
+                        finished = []
                         self._owes_startup.discard(task.role)
                         code = self._failed(task, exit_code(task.returncode))
                         if code is not None:
                             return code
                         break
-                    say(f"{task.role} finished")
+                    finished.append(task.role)
                     if task.drives:
                         self._trained.set()
+            _say_finished(finished)
             if all(
                 t.returncode == 0 for t in self.tasks if t.drives and t.role not in self.given_up
             ):
@@ -365,6 +369,7 @@ class LocalCluster(OutputRelay):
             if len(still) < len(running):
                 deadline = time.monotonic() + settle_s
             running = still
+        finished = []
         for task in servers:
             if (
                 task.process is not None
@@ -372,15 +377,22 @@ class LocalCluster(OutputRelay):
                 and task.process.poll() is not None
             ):
                 task.returncode = task.process.returncode
-                say(
-                    f"{task.role} finished"
-                    if task.returncode == 0
-                    else f"{task.role} exited with code {exit_code(task.returncode)}"
-                )
+                if task.returncode == 0:
+                    finished.append(task.role)
+                else:
+                    say(f"{task.role} exited with code {exit_code(task.returncode)}")
+        _say_finished(finished)
         self._terminate(servers, self.grace_s)
         for reader in self._readers:
             reader.join(timeout=5)
         self._close_logs()
+
+
+def _say_finished(roles: list[str]) -> None:
+    """One line for the tasks seen exiting 0 together (``finished: ps:0, ps:1, worker:0``): the
+    console of a 100-task job ends with a line, not a hundred."""
+    if roles:
+        say(f"finished: {', '.join(roles)}")
 
 
 def _started(task: LocalTask) -> str:
@@ -391,6 +403,14 @@ def _started(task: LocalTask) -> str:
 #: The launcher's start lines: one for all tasks at the job's start, one per task it restarts.
 _STARTED_LINE = re.compile(r"^\[launch\] started (.+)$", re.M)
 _STARTED_TASK = re.compile(r"(?:^|, )(\S+) \(pid (\d+)(?:, ([^)]+))?\)")
+
+
+_FINISHED_LINE = re.compile(r"^\[launch\] finished: (.+)$", re.M)
+
+
+def finished_tasks(output: str) -> list[str]:
+    """The role of every task the launcher's `output` says exited 0 (`_say_finished`), in order."""
+    return [role for line in _FINISHED_LINE.findall(output) for role in line.split(", ")]
 
 
 def started_tasks(output: str) -> list[tuple[str, str, str]]:
