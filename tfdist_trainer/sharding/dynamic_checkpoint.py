@@ -104,6 +104,35 @@ class DynamicTableCheckpoint(tf_compat.trackable_base()):
         return None if tf.executing_eagerly() else tf.group(ops)
 
 
+#: A `.keras` file's entries of a DynamicEmbedding: its Keras weights by position ("0", "1", as
+#: Keras' own layers store them), then its table by key under this prefix.
+_TABLE_ENTRY = "table:"
+
+
+def save_to_keras_store(layer: Any, store: Any) -> None:
+    """A `.keras` file's weights of a `DynamicEmbedding`: its Keras weights (the default rows), and
+    the same tensors as its checkpoint (the table by key), so the file loads onto any shard count.
+    String keys are stored as bytes (HDF5 holds no Python objects)."""
+    for i, variable in enumerate(layer.weights):
+        store[str(i)] = variable.numpy()
+    for name, tensor in layer.table_checkpoint._serialize_to_tensors().items():  # noqa: SLF001
+        value = tensor.numpy()
+        store[_TABLE_ENTRY + name] = value.astype(bytes) if value.dtype == object else value
+
+
+def load_from_keras_store(layer: Any, store: Any) -> None:
+    """The inverse of `save_to_keras_store`: the table restored as from a checkpoint."""
+    names = store.keys()  # an HDF5 group's entry: keys() and [name], no iteration
+    for i, variable in enumerate(layer.weights):
+        variable.assign(store[str(i)][...])
+    saved = {
+        name[len(_TABLE_ENTRY) :]: tf.constant(store[name][...])
+        for name in names
+        if name.startswith(_TABLE_ENTRY)
+    }
+    layer.table_checkpoint._restore_from_tensors(saved)  # noqa: SLF001
+
+
 def _say_rehashed(shards: list, saved: dict[str, tf.Tensor], dropped: list[int]) -> None:
     """One line for a table restored onto other shards: how many keys moved, and how many a
     shard too small for them dropped (counted as evicted)."""

@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.sharding import update_lock
+from tfdist_trainer.sharding import dynamic_checkpoint, update_lock
 from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
 from tfdist_trainer.sharding.dynamic_keys import (
     KEY_DTYPES,
@@ -53,6 +53,7 @@ from tfdist_trainer.sharding.dynamic_keys import (
     stacked_keys,
 )
 from tfdist_trainer.sharding.dynamic_table import COUNTERS, DynamicTableShard
+from tfdist_trainer.sharding.saving import serializable
 from tfdist_trainer.sharding.shard_placement import (
     create_on,
     is_parameter_server,
@@ -132,6 +133,7 @@ def _table_device(device: str | None, strategy: tf.distribute.Strategy) -> str |
     return spec.replace(device_type="CPU", device_index=0).to_string()
 
 
+@serializable
 class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer):
     """An embedding of keys of any value (int64, or strings by fingerprint): rows are made as keys come.
 
@@ -394,6 +396,17 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         else:
             pooled = tf_compat.sparse_read(shard.pool, tf.gather(rows, at_rows))
         return tf.dynamic_stitch([at_rows, at_default], [pooled, default])
+
+    @property
+    def table_checkpoint(self) -> DynamicTableCheckpoint:
+        """The table by key, as checkpoints and `.keras` files hold it (any shard count)."""
+        return self.__dict__["_tfdist_checkpoint"]
+
+    def save_own_variables(self, store):
+        dynamic_checkpoint.save_to_keras_store(self, store)
+
+    def load_own_variables(self, store):
+        dynamic_checkpoint.load_from_keras_store(self, store)
 
     def compute_output_shape(self, input_shape):
         if (

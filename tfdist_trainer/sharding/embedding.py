@@ -15,10 +15,12 @@ from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.sharding.grouped_lookup import lookup_together
 from tfdist_trainer.sharding.layout import PARTITION_STRATEGIES, ShardLayout
+from tfdist_trainer.sharding.saving import serializable
 from tfdist_trainer.sharding.sharded_layer import ShardedLayerMixin, resolve_num_shards
 from tfdist_trainer.sharding.weight import ShardedWeight
 
 
+@serializable
 class ShardedEmbedding(ShardedLayerMixin, keras.layers.Layer):
     """An embedding table of `input_dim` rows split by rows into `num_shards` variables.
 
@@ -105,6 +107,7 @@ class ShardedEmbedding(ShardedLayerMixin, keras.layers.Layer):
         return config
 
 
+@serializable
 class EmbeddingGroup(keras.layers.Layer):
     """Several `ShardedEmbedding` tables looked up in one call: a list of ids in, a list of rows out.
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding import update_lock
 from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
+from tfdist_trainer.sharding.saving import serializable
 from tfdist_trainer.sharding.weight import ShardedWeight
 
 
@@ -139,6 +140,7 @@ def reshardable(optimizer_cls: type) -> type:
     )
 
 
+@serializable
 class SGD(ReshardableOptimizerMixin, keras.optimizers.SGD):
     """Keras SGD (sparse updates for IndexedSlices) with re-shardable checkpoints. No slots without momentum."""
 
@@ -174,6 +176,7 @@ class _RowAdagrad(keras.optimizers.Adagrad):
         )
 
 
+@serializable
 class SparseAdagrad(ReshardableOptimizerMixin, _RowAdagrad):
     """Adagrad that touches only the rows of an `IndexedSlices` gradient.
 
