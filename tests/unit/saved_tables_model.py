@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import keras
+import keras_rs
 import numpy as np
 import tensorflow as tf
 
@@ -22,7 +23,8 @@ PROBE = os.path.join(os.path.dirname(FIXTURE), "tables_model_probe.npz")
 
 def build() -> keras.Model:
     """Ids into a fixed table, two more fixed tables read as a group, string keys into a growing
-    table, all into a sharded softmax over 40 classes."""
+    table, two keras-rs features sharing a table through the bridge (one reduced by 'mean'), all
+    into a sharded softmax over 40 classes."""
     ids = keras.Input(shape=(), dtype="int64", name="item")
     user = keras.Input(shape=(), dtype="string", name="user")
     item = sharding.ShardedEmbedding(100, 4, num_shards=2, name="items")(ids)
@@ -34,7 +36,16 @@ def build() -> keras.Model:
         name="item_side",
     )([ids, ids])
     users = sharding.DynamicEmbedding(4, 64, num_shards=2, key_dtype="string", name="users")(user)
-    hidden = keras.layers.Concatenate()([item, *group, users])
+    shared = keras_rs.layers.TableConfig(name="item_ids", vocabulary_size=30, embedding_dim=4)
+    bridged = sharding.from_keras_rs(
+        {
+            "item": keras_rs.layers.FeatureConfig("item", shared, (None,), (None, 4)),
+            "pair": keras_rs.layers.FeatureConfig("pair", shared, (None, 2), (None, 4)),
+        },
+        num_shards=2,
+        name="keras_rs_tables",
+    )({"item": ids, "pair": keras.ops.stack([ids, (ids + 1) % 30], axis=1)})
+    hidden = keras.layers.Concatenate()([item, *group, users, bridged["item"], bridged["pair"]])
     logits = sharding.ShardedSoftmax(40, num_shards=2, name="next_item")(hidden)
     return keras.Model({"item": ids, "user": user}, logits)
 

@@ -34,7 +34,8 @@ One concept a module:
   ``optimizer/_trainable_variables``, which pins the shard count.
 - reports.py: `placement_table(model_or_variables)` formats where every
   variable lives; `step_access_report` what a traced step reads.
-- keras_rs.py: `from_keras_rs(feature_configs)`, a drop-in for keras-rs'
+- keras_rs/ (features: the configs; combiners: keras-rs' reductions; layer):
+  `from_keras_rs(feature_configs)`, a drop-in for keras-rs'
   `DistributedEmbedding` whose tables are `ShardedEmbedding`s (keras-rs optional).
 """
 
