@@ -39,15 +39,13 @@ PYTEST := $(BIN)/python -m pytest -q -ra
 test-fast: $(STAMP)
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile tests/unit
 
-# Style and the import contracts first (seconds), then the unit tests, then the tests that start
-# processes: a formatting, lint or unit failure stops `make test` early. The cluster tests run on
-# two workers, a whole file each: a cluster test spends much of its time waiting on its TF
-# processes (start-up, peers, kills), and the second worker fills that time. A test marked
-# `alone` (a timing budget it must meet, or 8+ TF processes) runs afterwards with nothing beside
-# it: two workers starved a chaos job past its deadline. --durations lists where the time goes.
+# Style and the import contracts first (seconds), then the unit tests, then the rest of the suite
+# (the tests that start processes): a formatting, lint or unit failure stops `make test` early.
+# The cluster tests run one at a time: each already starts 3-6 TensorFlow processes, and two such
+# tests side by side on a 2-core CI machine made the run slower (79 min against 55 serially) and
+# starved a chaos job past its deadline. --durations lists where the time goes.
 test: lint test-fast
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile --durations=30 -m 'not alone' --ignore=tests/unit tests
-	$(PYTEST) --durations=10 -m alone --ignore=tests/unit tests
+	$(PYTEST) --durations=30 --ignore=tests/unit tests
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

@@ -18,10 +18,6 @@ import pytest
 
 from benchmarks import chaos
 
-# `make test` runs it with no other test beside it: the five faults must fall within one 300 s
-# restart window, which a second cluster test on the same two cores stretched past its end.
-pytestmark = pytest.mark.alone
-
 TRAIN_STEPS = 7000  # the faults fall in the first 40-50% (steps 2,860-4,100 at the fifth)
 SCHEDULE = [  # three kinds: SIGKILL a worker, SIGKILL the ps (chief and ps restart), SIGTERM a worker
     ("SIGKILL", "worker:0"),

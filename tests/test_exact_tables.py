@@ -20,9 +20,6 @@ import pytest
 import tensorflow as tf
 from clusterlib import launch_cmd, strategy_gin
 
-# 8 workers, a chief and a ps (10 TF processes): `make test` runs it with no other test beside it.
-pytestmark = pytest.mark.alone
-
 ROWS, DIM, STEPS, LR, INITIAL = 1024, 4, 120, 0.01, 0.1
 
 USER_MODULE = textwrap.dedent(f'''

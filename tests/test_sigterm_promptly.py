@@ -34,10 +34,6 @@ from clusterlib import BackgroundJob, mnist_args
 from faultlib import PROCESS, FaultRun, fault_run
 from test_durability import latest_step
 
-# A checkpoint within 30 s of the signal is the contract: `make test` runs these with no other
-# test beside them, so that a neighbour's TF processes do not eat into the budget.
-pytestmark = pytest.mark.alone
-
 STEPS = 100_000  # minutes of training on any machine: a save at the end comes far too late
 LOG_EVERY = 1_000_000  # far beyond the run: no progress line, no hook stop before the end
 PROFILED = 20  # the profiler's loop ends here: the run's one progress line
