@@ -134,8 +134,9 @@ def track_sublayers(owner: Any, layers: Any) -> None:
 
 
 def export_archive_of(model: Any) -> Any:
-    """A `keras.export.ExportArchive` serving `model`'s call as ``serve``, each weight saved once,
-    its outputs named after the model's (`named_outputs`).
+    """A `keras.export.ExportArchive` serving `model`'s call as ``serve`` and as
+    ``serving_default``, whose outputs are named after the model's (`named_outputs`); each weight
+    saved once.
 
     `model.export(format="tf_saved_model")` builds the same archive, but its
     SavedModel holds every weight twice: once under ``variables/N`` (the
@@ -151,13 +152,16 @@ def export_archive_of(model: Any) -> Any:
     from keras.src.export.export_utils import get_input_signature
 
     archive = keras.export.ExportArchive()
-    archive.track(model)
+    signature = get_input_signature(model)
+    # `serve` stays the model's call (a Python caller's `loaded.serve(x)` gets the model's own
+    # outputs); TF Serving's `serving_default` returns them under the model's names.
+    archive.track_and_add_endpoint("serve", model, signature)
     names = serving_output_names(model)
 
-    def serve(*inputs):
+    def serving_default(*inputs):
         return named_outputs(model(*inputs), names)
 
-    archive.add_endpoint("serve", serve, get_input_signature(model))
+    archive.add_endpoint("serving_default", serving_default, signature)
     tracked = archive._tf_trackable  # noqa: SLF001
     for name in ("variables", "trainable_variables", "non_trainable_variables"):
         setattr(tracked, name, [variable_storage(v) for v in getattr(tracked, name)])
