@@ -63,8 +63,8 @@ RUNS = {
     "multi_worker_mirrored": ("2 workers", ["--num_workers=2"]),
 }
 
-#: The launcher's own lines the demo leaves out: the task list, pids and per-task "finished".
-_LAUNCH_DETAIL = re.compile(r"^\[launch\] (started |[\w:]+ finished$|\w+: \w+:\d+)")
+#: The launcher's own lines the demo leaves out: the task list, pids and the "finished" lines.
+_LAUNCH_DETAIL = re.compile(r"^\[launch\] (started |finished: |\w+: \w+:\d+)")
 
 
 def _labelled(line: str, prepared: prepare.Prepared) -> str:
