@@ -405,15 +405,16 @@ _STARTED_LINE = re.compile(r"^\[launch\] started (.+)$", re.M)
 _STARTED_TASK = re.compile(r"(?:^|, )(\S+) \(pid (\d+)(?:, ([^)]+))?\)")
 
 
-_FINISHED_LINE = re.compile(r"^\[launch\] finished: (.+)$", re.M)
-
-
-def finished_tasks(output: str) -> list[str]:
-    """The role of every task the launcher's `output` says exited 0 (`_say_finished`), in order."""
-    return [role for line in _FINISHED_LINE.findall(output) for role in line.split(", ")]
-
-
 def started_tasks(output: str) -> list[tuple[str, str, str]]:
     """(role, pid, address or '') of every task start in the launcher's `output`, in order: what
     a tool that signals tasks (the chaos benchmark, the kill tests) reads."""
     return [task for line in _STARTED_LINE.findall(output) for task in _STARTED_TASK.findall(line)]
+
+
+#: The launcher's lines for the tasks that exited 0 (`_say_finished`).
+_FINISHED_LINE = re.compile(r"^\[launch\] finished: (.+)$", re.M)
+
+
+def finished_tasks(output: str) -> list[str]:
+    """The role of every task the launcher's `output` says exited 0, in order."""
+    return [role for line in _FINISHED_LINE.findall(output) for role in line.split(", ")]

@@ -125,12 +125,13 @@ def features_config(features: Features) -> dict[str, Any]:
     feature naming its table by index (keras-rs' own layout: Keras serializes trees, and two
     features sharing one TableConfig object must come back sharing it)."""
 
-    def feature(config: Any) -> dict[str, Any]:
-        return {**config.get_config(), "table": features.tables.index(config.table)}
-
+    entries = [
+        {**config.get_config(), "table": table}
+        for config, table in zip(features.configs, features.table_of)
+    ]
     return {
         "tables": [table.get_config() for table in features.tables],
-        "features": keras.tree.map_structure(feature, features.structure),
+        "features": keras.tree.pack_sequence_as(features.structure, entries),
     }
 
 
