@@ -40,7 +40,7 @@ for job in ("worker", "ps"):  # before TensorFlow is imported here: a clean fork
 import numpy as np
 import tensorflow as tf
 from tfdist_trainer import sharding
-from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY
+from tfdist_trainer.sharding.dynamic.keys import DELETED_KEY
 
 resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
     tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")

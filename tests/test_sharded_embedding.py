@@ -133,7 +133,7 @@ def _train_step(model, optimizer, ids):
 def test_checkpoint_reshards_exactly(tmp_path, monkeypatch, optimizer_cls, before, after):
     """2 -> 3 shards (and div <-> mod): the restored table, optimizer slots and next step are identical."""
     # "mod" tables save in several slices
-    monkeypatch.setattr(sharding.checkpoint, "CHECKPOINT_SLICE_BYTES", 5 * 3 * 4)
+    monkeypatch.setattr(sharding.fixed.checkpoint, "CHECKPOINT_SLICE_BYTES", 5 * 3 * 4)
     ids = tf.constant([[1, 2], [36, 1], [7, 20], [2, 2]], tf.int64)
     model, optimizer = _click_model(*before, optimizer_cls)
     for _ in range(3):

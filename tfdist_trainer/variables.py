@@ -1,6 +1,6 @@
 """Where a variable lives and how many bytes it stores, and the JSON reports that say so.
 
-Shared by the self-sharding layers (sharding/shard_placement.py: bytes-balanced ps
+Shared by the self-sharding layers (sharding/placement.py: bytes-balanced ps
 placement; sharding/reports.py: `placement_table`) and model-parallel
 placement (runtime/strategies/model_parallel/placement.py). The bytes are those of the *stored*
 variable: a Keras 3 variable under a mixed-precision policy stores float32,

@@ -27,8 +27,8 @@ from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.runtime import checkpoints
 from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.checkpoints.background_writer import BackgroundWriter
-from tfdist_trainer.sharding import checkpoint as sharding_checkpoint
-from tfdist_trainer.sharding import table_restore
+from tfdist_trainer.sharding.fixed import checkpoint as sharding_checkpoint
+from tfdist_trainer.sharding.fixed import restore as table_restore
 
 BATCHES = [
     (

@@ -12,7 +12,8 @@ import tensorflow as tf
 
 from tfdist_trainer import sharding
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.sharding import dynamic_checkpoint
+from tfdist_trainer.sharding.dynamic import checkpoint as dynamic_checkpoint
+from tfdist_trainer.sharding.dynamic import keys as dynamic_keys
 
 
 def _layer(capacity=8, **kwargs) -> sharding.DynamicEmbedding:
@@ -340,9 +341,7 @@ def test_a_checkpoint_of_two_shards_restores_onto_other_shard_counts_with_the_sa
     keys = np.concatenate([s.table.export()[0].numpy().ravel() for s in layer.shards])
     keys = keys[keys > -(2**63) + 1]
     for shard_index, shard in enumerate(layer.shards):  # every key on the shard it hashes to
-        mine = keys[
-            sharding.dynamic_keys.shard_of(tf.constant(keys), num_shards).numpy() == shard_index
-        ]
+        mine = keys[dynamic_keys.shard_of(tf.constant(keys), num_shards).numpy() == shard_index]
         assert (shard.table.lookup(tf.constant(mine, tf.int64)).numpy() >= 0).all()
     # The slots moved with their keys: a training step from here matches one from the original.
     original_slots = {

@@ -337,7 +337,7 @@ def test_a_model_with_a_dynamic_table_is_refused_before_its_step_is_traced():
 
     from tfdist_trainer import sharding
     from tfdist_trainer.errors import ConfigError
-    from tfdist_trainer.sharding.dynamic_embedding import refuse_jit_compile
+    from tfdist_trainer.sharding.dynamic.embedding import refuse_jit_compile
 
     keys = keras.Input((2,), dtype="int64")
     rows = sharding.DynamicEmbedding(3, 64, num_shards=2, name="dyn")(keys)

@@ -20,7 +20,7 @@ from tfdist_trainer.io import storage
 from tfdist_trainer.runtime import whole_tables
 from tfdist_trainer.runtime.logs import layer_table
 from tfdist_trainer.runtime.strategies import StrategyRuntime
-from tfdist_trainer.sharding.shard_placement import task_of
+from tfdist_trainer.sharding import runtime_api as tables
 from tfdist_trainer.trainers import clipping, compiled, sparse_reduce
 from tfdist_trainer.trainers.trainer import Trainer
 from tfdist_trainer.variables import format_bytes, write_report
@@ -132,7 +132,7 @@ def log_placement(trainer: Trainer, whole_table_warning_bytes: int | None = None
     biggest = whole_tables.largest(records["variables"])
     largest = (
         f"; largest {biggest['name']} {format_bytes(biggest['bytes'])} on "
-        f"{_task_name(task_of(biggest['device']))}"
+        f"{_task_name(tables.task_of(biggest['device']))}"
         if biggest
         else ""
     )

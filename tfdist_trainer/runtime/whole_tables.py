@@ -18,7 +18,7 @@ from typing import Any
 import tensorflow as tf
 from absl import logging
 
-from tfdist_trainer.sharding.reports import whole_reads
+from tfdist_trainer.sharding import runtime_api as tables
 from tfdist_trainer.variables import format_bytes
 
 FIX = (
@@ -67,7 +67,7 @@ def warn_whole_reads(
             warned = True
             variables = [v for v in trainer.model.variables if not is_shard(v)]
             graph = tf.compat.v1.get_default_graph()
-            for found in whole_reads(graph, variables, min_bytes):
+            for found in tables.whole_reads(graph, variables, min_bytes):
                 logging.warning(
                     "%s (%s) is read whole at every step under %s to look up a few rows; %s.",
                     found["name"],

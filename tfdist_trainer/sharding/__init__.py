@@ -6,42 +6,30 @@ variable into a `ShardedVariable`, which Keras 3 cannot differentiate
 and read it with one gather per shard, so only the rows a batch needs cross
 the network, and gradients are `tf.IndexedSlices`.
 
-One concept a module:
+A home per table kind, the strategy-homes pattern:
 
-- layout.py: how rows are split into shards ("div" or "mod", `ShardLayout`).
-- shard_placement.py: which device (ps task) each shard goes to, bytes-balanced
-  against what is already there (`record_all_variables`, `PlacementLedger`).
-- weight.py: one logical table held as N shard variables (`ShardedWeight`),
-  and its lookup.
-- checkpoint.py: a table saved as slices of one logical [vocab, dim] tensor,
-  so a checkpoint restores into any number of shards, ps tasks and either
-  partition strategy.
-- grouped_lookup.py: `lookup_together(weights, ids)`, many tables read with one
-  transfer per ps task each way inside the Trainer's step (their gradient taken at
-  the rows read, `tfdist_trainer.row_gradients`).
-- sharded_layer.py, embedding.py (`ShardedEmbedding`, and `EmbeddingGroup`: several
-  tables in one call), softmax.py: the layers.
-- dynamic_keys.py, dynamic_table.py (a shard's step), dynamic_eviction.py (LFU and
-  age), dynamic_shard_state.py + dynamic_checkpoint.py (checkpoints by key),
-  dynamic_embedding.py: `DynamicEmbedding`,
-  a table with no vocabulary size (int64 or string keys, a key -> row hash
-  table and a row pool per shard; admission by `min_count`, LFU eviction when
-  a shard is full, `max_age_steps`), for one_device and parameter_server, and
-  `dynamic_table_stats(model)`, its counters (rows in use, admitted, evicted).
-- optimizers.py: `SGD`, `SparseAdagrad` and `reshardable(cls)`, whose slots
-  of sharded tables are saved as logical tables too. With a stock Keras
-  optimizer the shards are also saved, by position, under
-  ``optimizer/_trainable_variables``, which pins the shard count.
-- reports.py: `placement_table(model_or_variables)` formats where every
-  variable lives; `step_access_report` what a traced step reads.
-- keras_rs/ (features: the configs; combiners: keras-rs' reductions; layer):
-  `from_keras_rs(feature_configs)`, a drop-in for keras-rs'
-  `DistributedEmbedding` whose tables are `ShardedEmbedding`s (keras-rs optional).
+- fixed/: tables of a fixed number of rows (`ShardedEmbedding`, `ShardedSoftmax`,
+  `EmbeddingGroup`, `lookup_together`), saved as slices of one logical tensor.
+- dynamic/: `DynamicEmbedding`, rows made as keys come, freed by an eviction policy
+  (`dynamic/eviction.py`: LFU or LRU) and by age; saved by key.
+- keras_rs/: `from_keras_rs(feature_configs)`, keras-rs configs served by fixed tables.
+
+Shared beside them (neither kind imports the other): layout.py (how rows split: "div" or
+"mod"), placement.py (which ps task each shard goes to, bytes-balanced), initializers.py (each
+shard's own draw), update_lock.py (updates of a row whole), saving.py (Keras registration);
+above them: optimizers.py (`SGD`, `SparseAdagrad`, `reshardable(cls)`: slots saved as logical
+tables), reports.py (`placement_table`, `step_access_report`), checkpoint_mismatch.py.
+
+Two faces: this package's names for users, and runtime_api.py, the one module `runtime/`
+imports for what it asks of the tables (checkpoint parts, restores, refusals, reports).
 """
 
-from tfdist_trainer.sharding.dynamic_embedding import DynamicEmbedding, dynamic_table_stats
-from tfdist_trainer.sharding.embedding import EmbeddingGroup, ShardedEmbedding
-from tfdist_trainer.sharding.grouped_lookup import lookup_together
+from tfdist_trainer.sharding.dynamic.embedding import DynamicEmbedding, dynamic_table_stats
+from tfdist_trainer.sharding.fixed.embedding import EmbeddingGroup, ShardedEmbedding
+from tfdist_trainer.sharding.fixed.grouped_lookup import lookup_together
+from tfdist_trainer.sharding.fixed.layer import ShardedLayerMixin, sharded_layers
+from tfdist_trainer.sharding.fixed.softmax import ShardedSoftmax
+from tfdist_trainer.sharding.fixed.weight import ShardedWeight
 from tfdist_trainer.sharding.keras_rs import from_keras_rs
 from tfdist_trainer.sharding.layout import PARTITION_STRATEGIES, ShardLayout
 from tfdist_trainer.sharding.optimizers import (
@@ -50,20 +38,17 @@ from tfdist_trainer.sharding.optimizers import (
     SparseAdagrad,
     reshardable,
 )
-from tfdist_trainer.sharding.reports import (
-    placement_records,
-    placement_table,
-    step_access_report,
-)
-from tfdist_trainer.sharding.shard_placement import (
+from tfdist_trainer.sharding.placement import (
     PlacementLedger,
     placement_ledger,
     ps_devices,
     record_all_variables,
 )
-from tfdist_trainer.sharding.sharded_layer import ShardedLayerMixin, sharded_layers
-from tfdist_trainer.sharding.softmax import ShardedSoftmax
-from tfdist_trainer.sharding.weight import ShardedWeight
+from tfdist_trainer.sharding.reports import (
+    placement_records,
+    placement_table,
+    step_access_report,
+)
 
 __all__ = [
     "PARTITION_STRATEGIES",

@@ -13,8 +13,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
-from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
+from tfdist_trainer.sharding.dynamic.checkpoint import DynamicTableCheckpoint
+from tfdist_trainer.sharding.fixed.checkpoint import LogicalTableCheckpoint
 
 _FIXED_KEY = "/table/.ATTRIBUTES/table"
 _DYNAMIC_KEY = "/dynamic_table/.ATTRIBUTES/keys"

@@ -15,9 +15,9 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding import update_lock
-from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
+from tfdist_trainer.sharding.fixed.checkpoint import LogicalTableCheckpoint
+from tfdist_trainer.sharding.fixed.weight import ShardedWeight
 from tfdist_trainer.sharding.saving import serializable
-from tfdist_trainer.sharding.weight import ShardedWeight
 
 
 class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
@@ -29,7 +29,7 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
     ``learning_rate``, each slot of a non-sharded variable under its path, and
     each slot of a sharded table as one logical [vocab, dim] table. The slots of
     a `DynamicEmbedding`'s pools are not saved here: the table saves each key's
-    slot rows with the key (dynamic_checkpoint.py) and resets them when a key
+    slot rows with the key (dynamic/checkpoint.py) and resets them when a key
     takes a row.
 
     Every update of a table shard that several workers update at once
@@ -104,7 +104,7 @@ class ReshardableOptimizerMixin(tf_compat.ReplacesCheckpointChildren):
         groups: dict[tuple[int, str], dict[int, Any]] = {}
         for variable in variables:
             if id(variable) in kept_ids or getattr(variable, "_tfdist_dynamic_slot", False):
-                continue  # a dynamic table's slot rows are saved with its keys (dynamic_checkpoint.py)
+                continue  # a dynamic table's slot rows are saved with its keys (dynamic/checkpoint.py)
             slot_of = getattr(variable, "_tfdist_slot_of", None)
             if slot_of is None:
                 # By what it is, not by position or by the optimizer's own (auto-numbered) name.

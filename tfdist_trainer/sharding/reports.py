@@ -9,8 +9,8 @@ import keras
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.sharding.shard_placement import task_of
-from tfdist_trainer.sharding.sharded_layer import sharded_layers
+from tfdist_trainer.sharding.fixed.layer import sharded_layers
+from tfdist_trainer.sharding.placement import task_of
 from tfdist_trainer.tables import format_table
 from tfdist_trainer.variables import device_of, format_bytes, stored_bytes
 

@@ -20,7 +20,7 @@ from tfdist_trainer.errors import (
     StorageUnavailable,
     TfdistError,
 )
-from tfdist_trainer.sharding.checkpoint_mismatch import table_kind_mismatch
+from tfdist_trainer.sharding import runtime_api as tables
 
 #: TF's decorations of an op's error: ``{{function_node ...}}``, ``[[{{node RestoreV2}}]]``,
 #: ``[Op:SaveV2]``.
@@ -87,7 +87,7 @@ def model_mismatch(
     that failed): tables of the other kind by name, else the error's first line. `error` is
     TensorFlow's AssertionError (some of the model's objects it holds no values for) or the
     error of a variable of another shape (TF's InvalidArgumentError, Keras' ValueError)."""
-    specific = table_kind_mismatch(prefix, restoring)
+    specific = tables.table_kind_mismatch(prefix, restoring)
     if specific:
         return ConfigError(specific)
     text = str(error).strip() if isinstance(error, AssertionError) else one_line(error)

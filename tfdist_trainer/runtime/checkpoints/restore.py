@@ -27,7 +27,7 @@ from tfdist_trainer.runtime.checkpoints.listing import (
     listed_newest_first,
     write_checkpoint_list,
 )
-from tfdist_trainer.sharding import table_restore
+from tfdist_trainer.sharding import runtime_api as tables
 
 
 def restore(
@@ -107,7 +107,7 @@ def _read(checkpoint: tf.train.Checkpoint, prefix: str) -> str | None:
         return "its .index file is missing"
     try:
         # The sharded tables after the rest, a slice at a time: a ps never holds its tables twice.
-        with table_restore.restored_apart(checkpoint) as restore_tables:
+        with tables.restored_apart(checkpoint) as restore_tables:
             checkpoint.restore(prefix).assert_existing_objects_matched()
             restore_tables(prefix)
     except AssertionError as e:

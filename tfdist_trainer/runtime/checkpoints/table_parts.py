@@ -32,8 +32,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
-from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
+from tfdist_trainer.sharding import runtime_api as tables
 
 #: (checkpoint key, slice spec or "", tensor): one tensor a part writes.
 Entry = tuple[str, str, tf.Tensor]
@@ -50,14 +49,14 @@ class Part:
 def written_apart(trackable: Any) -> bool:
     """Whether a background save writes `trackable` a part at a time rather than copying it at
     the step: a sharded table (or an optimizer slot's table), or a dynamic table."""
-    return isinstance(trackable, LogicalTableCheckpoint | DynamicTableCheckpoint)
+    return tables.is_table_checkpoint(trackable)
 
 
 def parts_of(trackable: Any, object_name: str, saved: dict[str, Any]) -> list[Part]:
     """The parts of a `written_apart` object, whose `saved_tensors` are `saved`, named in the
     checkpoint `object_name`: one per saved slice of a table; one for a dynamic table (its keys
     and rows, exported by shard, each shard in its critical section)."""
-    if isinstance(trackable, LogicalTableCheckpoint):
+    if tables.is_fixed_table_checkpoint(trackable):
         ((local, slices),) = saved.items()
         key = tf_compat.checkpoint_key(object_name, local)
         return [  # in save order: `copy_slice(index)` is the slice `spec` names

@@ -35,7 +35,7 @@ from tfdist_trainer.plan.strategies import StrategyConfig
 from tfdist_trainer.plan.task import TaskContext
 from tfdist_trainer.runtime import loops, shutdown, whole_tables
 from tfdist_trainer.runtime.loops import accumulate
-from tfdist_trainer.sharding.dynamic_embedding import refuse_jit_compile
+from tfdist_trainer.sharding import runtime_api as tables
 
 
 def available_gpus() -> list:
@@ -210,7 +210,7 @@ class StrategyRuntime:
     ) -> Any:
         """The loop that runs this task's training steps: in the task, or scheduled onto workers."""
         if experiment.jit_compile:  # now: raised while the step is traced it would not be exit 2
-            refuse_jit_compile(trainer.model)
+            tables.refuse_jit_compile(trainer.model)
         steps_per_loop = experiment.steps_per_loop
         if experiment.auto_steps_per_loop:
             initial = min(8, experiment.steps_per_loop)

@@ -23,7 +23,7 @@ from tfdist_trainer.runtime.state import build_state, log_placement
 from tfdist_trainer.runtime.strategies import StrategyRuntime
 from tfdist_trainer.runtime.train import task_hooks
 from tfdist_trainer.runtime.train.run_context import RunContext
-from tfdist_trainer.sharding import table_restore
+from tfdist_trainer.sharding import runtime_api as tables
 
 
 @dataclasses.dataclass
@@ -88,7 +88,7 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
     trainer = experiment.trainer_cls()
     trainer.context = runtime.context
     # Resuming: the tables start as zeros, not random rows that the restore overwrites next.
-    with table_restore.restore_follows(checkpoints.resumes(model_dir)):
+    with tables.restore_follows(checkpoints.resumes(model_dir)):
         global_step, checkpoint = build_state(trainer, runtime.strategy, runtime=runtime)
     checkpointer = Checkpointer(
         model_dir=model_dir,

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.sharding.embedding import ShardedEmbedding
-from tfdist_trainer.sharding.grouped_lookup import lookup_together
+from tfdist_trainer.sharding.fixed.embedding import ShardedEmbedding
+from tfdist_trainer.sharding.fixed.grouped_lookup import lookup_together
 from tfdist_trainer.sharding.keras_rs.combiners import flat_ids, reduce_rows
 from tfdist_trainer.sharding.keras_rs.features import (
     Features,

@@ -3,7 +3,7 @@
 Why a module of its own: the policy is what users tune and contributors
 change (LRU, a TTL scorer, another chunk size), and it reads only the
 shard's bookkeeping (each row's key, frequency and last sighting, the free
-stack), not its hash-table step (dynamic_table.py). A freed row's key leaves
+stack), not its hash-table step (dynamic/shard.py). A freed row's key leaves
 the hash table and the row goes on the free stack; its contents are drawn
 anew when a key takes it.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfdist_trainer.sharding.dynamic_keys import EMPTY_KEY
-from tfdist_trainer.sharding.graph_effects import effect_ops
+from tfdist_trainer.sharding.dynamic.effects import effect_ops
+from tfdist_trainer.sharding.dynamic.keys import EMPTY_KEY
 
 #: An eviction frees at least capacity // EVICTION_CHUNK rows (least frequently used first).
 EVICTION_CHUNK = 16

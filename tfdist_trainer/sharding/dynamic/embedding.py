@@ -6,11 +6,11 @@ distinct ids share a row. Here every key gets its own row the first time it
 is seen `min_count` times, from a pool of `capacity` rows per shard; when a
 shard is full its least frequently used rows are evicted (LFU), and with
 `max_age_steps` rows not seen for that long are freed. Keys map to shards by a
-stable hash of the key (dynamic_keys.py); each shard's state and its
-operations live on one device (dynamic_table.py): a ps task under
+stable hash of the key (dynamic/keys.py); each shard's state and its
+operations live on one device (dynamic/shard.py): a ps task under
 parameter_server, placed bytes-balanced with the other variables. Keys
 without a row read one default row of the layer's (not a shard's), so a
-checkpoint, which holds keys and not shards (dynamic_checkpoint.py),
+checkpoint, which holds keys and not shards (dynamic/checkpoint.py),
 restores onto any number of shards with the same lookups for every key.
 
 Only the rows a batch uses cross the network: the lookup happens on the ps,
@@ -44,17 +44,18 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.sharding import dynamic_checkpoint, update_lock
-from tfdist_trainer.sharding.dynamic_checkpoint import DynamicTableCheckpoint
-from tfdist_trainer.sharding.dynamic_keys import (
+from tfdist_trainer.sharding import update_lock
+from tfdist_trainer.sharding.dynamic import checkpoint as dynamic_checkpoint
+from tfdist_trainer.sharding.dynamic.checkpoint import DynamicTableCheckpoint
+from tfdist_trainer.sharding.dynamic.keys import (
     KEY_DTYPES,
     as_int64_keys,
     shard_of,
     stacked_keys,
 )
-from tfdist_trainer.sharding.dynamic_table import COUNTERS, DynamicTableShard
-from tfdist_trainer.sharding.saving import serializable
-from tfdist_trainer.sharding.shard_placement import (
+from tfdist_trainer.sharding.dynamic.shard import COUNTERS, DynamicTableShard
+from tfdist_trainer.sharding.initializers import shard_initializer
+from tfdist_trainer.sharding.placement import (
     create_on,
     is_parameter_server,
     placement_ledger,
@@ -62,7 +63,7 @@ from tfdist_trainer.sharding.shard_placement import (
     strategy_gin_name,
     strategy_kind,
 )
-from tfdist_trainer.sharding.weight import shard_initializer
+from tfdist_trainer.sharding.saving import serializable
 
 #: Initializers that can draw any number of rows at run time (an evicted row is drawn anew).
 INITIALIZERS = (
@@ -262,7 +263,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         shards = []
         for i, device in enumerate(placement):
             with create_on(device, strategy):
-                # Zeros: a row is drawn from the initializer when a key takes it (dynamic_table.py).
+                # Zeros: a row is drawn from the initializer when a key takes it (dynamic/shard.py).
                 pool = self.add_weight(
                     name=f"pool_shard_{i}",
                     shape=(rows, self.output_dim),

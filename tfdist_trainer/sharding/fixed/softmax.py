@@ -11,10 +11,10 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.sharding.fixed.layer import ShardedLayerMixin, resolve_num_shards
+from tfdist_trainer.sharding.fixed.weight import ShardedWeight
 from tfdist_trainer.sharding.layout import PARTITION_STRATEGIES, ShardLayout
 from tfdist_trainer.sharding.saving import serializable
-from tfdist_trainer.sharding.sharded_layer import ShardedLayerMixin, resolve_num_shards
-from tfdist_trainer.sharding.weight import ShardedWeight
 
 
 @serializable

@@ -55,9 +55,9 @@ import tensorflow as tf
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import CONFIG_CHECK, ConfigError
 from tfdist_trainer.sharding import update_lock
-from tfdist_trainer.sharding.dynamic_eviction import ShardEviction
-from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY, EMPTY_KEY, reserved
-from tfdist_trainer.sharding.graph_effects import effect_ops
+from tfdist_trainer.sharding.dynamic.effects import effect_ops
+from tfdist_trainer.sharding.dynamic.eviction import ShardEviction
+from tfdist_trainer.sharding.dynamic.keys import DELETED_KEY, EMPTY_KEY, reserved
 
 #: The row of a key that has none: the layer reads its default row instead.
 MISSING = -1
@@ -510,7 +510,7 @@ class DynamicTableShard(ShardEviction, tf.Module):
         with tf.control_dependencies(effect_ops([inserted])):
             return self._removals[which].assign(0)
 
-    # -- checkpoints (dynamic_shard_state.py reads and writes the contents) -------------
+    # -- checkpoints (dynamic/state.py reads and writes the contents) -------------
     def exclusively(self, fn):
         """`fn()`'s result, run where no training step of the shard runs at the same time: in the
         shard's critical section on its device (under no device, `fn()` as it is)."""

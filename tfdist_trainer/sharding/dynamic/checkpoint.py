@@ -23,10 +23,10 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.sharding.dynamic_eviction import lfu_score
-from tfdist_trainer.sharding.dynamic_keys import shard_of
-from tfdist_trainer.sharding.dynamic_shard_state import export_shard_state, import_shard_state
-from tfdist_trainer.sharding.dynamic_table import DynamicTableShard
+from tfdist_trainer.sharding.dynamic.eviction import lfu_score
+from tfdist_trainer.sharding.dynamic.keys import shard_of
+from tfdist_trainer.sharding.dynamic.shard import DynamicTableShard
+from tfdist_trainer.sharding.dynamic.state import export_shard_state, import_shard_state
 
 #: Saved with one element per key in use (``slot_<name>`` too); gathered per shard on restore.
 _ENTRIES = ("keys", "values", "frequency", "last_seen")

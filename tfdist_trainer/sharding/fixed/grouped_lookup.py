@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tfdist_trainer import row_gradients, tf_compat
-from tfdist_trainer.sharding.shard_placement import is_parameter_server
-from tfdist_trainer.sharding.weight import ShardedWeight
+from tfdist_trainer.sharding.fixed.weight import ShardedWeight
+from tfdist_trainer.sharding.placement import is_parameter_server
 
 
 def lookup_together(

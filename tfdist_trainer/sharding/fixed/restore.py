@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 import tensorflow as tf
 from absl import logging
 
-from tfdist_trainer.sharding.checkpoint import LogicalTableCheckpoint
+from tfdist_trainer.sharding.fixed.checkpoint import LogicalTableCheckpoint
 
 _restore_follows = [False]
 

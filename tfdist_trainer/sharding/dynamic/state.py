@@ -1,7 +1,7 @@
 """A dynamic table shard's contents as tensors, and back: what a checkpoint of the table holds.
 
-Why apart from the shard's training step (dynamic_table.py): a checkpoint reads
-and writes every row in use at once, by keys (dynamic_checkpoint.py gathers the
+Why apart from the shard's training step (dynamic/shard.py): a checkpoint reads
+and writes every row in use at once, by keys (dynamic/checkpoint.py gathers the
 shards' states into one set of tensors of any shard count); the step touches
 only a batch's keys. Both run on the shard's device; a read runs in the
 shard's critical section so that no training step changes the rows under it.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.sharding.dynamic_keys import DELETED_KEY, EMPTY_KEY
-from tfdist_trainer.sharding.dynamic_table import MISSING, DynamicTableShard
-from tfdist_trainer.sharding.graph_effects import effect_ops
+from tfdist_trainer.sharding.dynamic.effects import effect_ops
+from tfdist_trainer.sharding.dynamic.keys import DELETED_KEY, EMPTY_KEY
+from tfdist_trainer.sharding.dynamic.shard import MISSING, DynamicTableShard
 
 
 def export_shard_state(shard: DynamicTableShard) -> dict[str, tf.Tensor]:

@@ -10,8 +10,8 @@ import numpy as np
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
-from tfdist_trainer.sharding.shard_placement import ps_devices
-from tfdist_trainer.sharding.weight import ShardedWeight
+from tfdist_trainer.sharding.fixed.weight import ShardedWeight
+from tfdist_trainer.sharding.placement import ps_devices
 
 
 def resolve_num_shards(
