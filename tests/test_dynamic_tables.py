@@ -54,11 +54,11 @@ with strategy.scope():
     layer.build(None)
     optimizer = sharding.SparseAdagrad(0.5)
     optimizer.build(layer.trainable_variables)
-out = {"shards": [[s.pool.value.device, s.table.resource_handle.device,
+out = {"shards": [[s.pool.value.device, s.key_rows.hash_table.resource_handle.device,
                    s.row_key.device] for s in layer.shards]}
 
 def table(shard):
-    keys, rows = (t.numpy().reshape(-1) for t in shard.table.export())
+    keys, rows = (t.numpy().reshape(-1) for t in shard.key_rows.hash_table.export())
     used = keys > DELETED_KEY
     return keys[used], rows[used]
 

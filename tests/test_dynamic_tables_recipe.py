@@ -232,3 +232,16 @@ def test_dynamic_tables_under_multi_worker_mirrored_are_refused_once_by_the_stra
     both = all("not multi_worker_mirrored" in log.read_text(errors="replace") for log in logs)
     same = [line for line in result.stdout.splitlines() if "ended with the same error as" in line]
     assert len(said) == 1 and len(same) == (1 if both else 0), result.stdout[-3000:]
+
+
+def test_an_unknown_eviction_policy_is_one_sentence_and_exit_2(tmp_path):
+    result = run(
+        train_cmd(
+            f"--gin_file={DYNAMIC_TINY}",
+            strategy_gin("one_device"),
+            f"--model_dir={tmp_path / 'model'}",
+            "--gin_bindings=ClickTrainer.eviction='fifo'",
+        ),
+        timeout=180,
+    )
+    assert_one_error_line(result, 2, "eviction must be one of 'lfu', 'lru', got 'fifo'")

@@ -96,6 +96,8 @@ class ClickTrainer(Trainer):
         ids, open or strings, hashed into them by `BucketHash`).
       min_count: with dynamic tables, sightings before an id gets its own row.
       max_age_steps: with dynamic tables, rows not seen for that many steps are freed.
+      eviction: with dynamic tables, which rows a full shard frees: 'lfu' or 'lru'
+        (`sharding.DynamicEmbedding`'s eviction).
       stacked_tables: with dynamic tables, the features' tables as one `DynamicEmbedding` of
         their summed capacity (``stacked_features``: each feature its own key space and default
         row, one hash-table step per shard instead of one per feature: the fast layout); the
@@ -127,6 +129,7 @@ class ClickTrainer(Trainer):
         dynamic_capacity: int | Sequence[int] | None = None,
         min_count: int = 1,
         max_age_steps: int | None = None,
+        eviction: str = "lfu",
         stacked_tables: bool = False,
         global_batch_size: int | None = None,
         eval_batch_size: int | None = None,
@@ -182,6 +185,7 @@ class ClickTrainer(Trainer):
         self.key_dtype = key_dtype
         self.min_count = min_count
         self.max_age_steps = max_age_steps
+        self.eviction = eviction
         self.synthetic = click_data.SyntheticClicks(
             self.vocab_sizes,
             num_dense=num_dense,
@@ -302,6 +306,7 @@ class ClickTrainer(Trainer):
             key_dtype=self.key_dtype,
             min_count=self.min_count,
             max_age_steps=self.max_age_steps,
+            eviction=self.eviction,
             embeddings_initializer=keras.initializers.RandomUniform(-0.01, 0.01),
             **kwargs,
         )

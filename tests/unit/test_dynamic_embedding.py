@@ -29,7 +29,7 @@ def _keys(*values) -> tf.Tensor:
 
 def _row(layer, key: int, shard: int = 0) -> int:
     """The key's row, or -1 for none."""
-    return int(layer.shards[shard].table.lookup(_keys(key))[0])
+    return int(layer.shards[shard].key_rows.lookup(_keys(key))[0])
 
 
 def _stats(layer) -> dict[str, float]:
@@ -256,6 +256,7 @@ def test_a_checkpoint_round_trips_keys_rows_slots_and_counts_and_a_resumed_run_c
         ({"key_dtype": "float32"}, "key_dtype must be 'int64' or 'string'"),
         ({"embeddings_initializer": "glorot_uniform"}, "embeddings_initializer must be one of"),
         ({"stacked_features": 0}, "stacked_features must be None or an integer >= 1"),
+        ({"eviction": "fifo"}, "eviction must be one of 'lfu', 'lru', got 'fifo'"),
     ],
 )
 def test_bad_arguments_are_one_sentence(kwargs, fragment):
@@ -338,11 +339,11 @@ def test_a_checkpoint_of_two_shards_restores_onto_other_shard_counts_with_the_sa
     for name in ("rows_in_use", "admitted", "evicted", "expired"):
         assert after[f"ids/{name}"] == before[f"ids/{name}"]
     layer = restored.get_layer("ids")
-    keys = np.concatenate([s.table.export()[0].numpy().ravel() for s in layer.shards])
+    keys = np.concatenate([s.key_rows.hash_table.export()[0].numpy().ravel() for s in layer.shards])
     keys = keys[keys > -(2**63) + 1]
     for shard_index, shard in enumerate(layer.shards):  # every key on the shard it hashes to
         mine = keys[dynamic_keys.shard_of(tf.constant(keys), num_shards).numpy() == shard_index]
-        assert (shard.table.lookup(tf.constant(mine, tf.int64)).numpy() >= 0).all()
+        assert (shard.key_rows.lookup(tf.constant(mine, tf.int64)).numpy() >= 0).all()
     # The slots moved with their keys: a training step from here matches one from the original.
     original_slots = {
         int(k): r
@@ -386,7 +387,7 @@ def test_a_restore_onto_shards_too_small_keeps_the_most_used_keys_and_counts_the
     seen = {
         int(k): int(f)
         for s in model.get_layer("ids").shards
-        for k, f in zip(s.row_key.numpy(), s.frequency.numpy())
+        for k, f in zip(s.row_key.numpy(), s.eviction.metadata["frequency"].numpy())
         if k > -(2**63)
     }
     assert min(seen[k] for k in kept) >= sorted(seen.values())[-3]
@@ -468,8 +469,8 @@ def test_a_long_run_of_new_keys_keeps_the_hash_tables_usable(min_count):
     rng = np.random.default_rng(0)
     for _ in range(600):
         step(tf.constant(np.concatenate([rng.integers(0, 16, 16), rng.integers(1, 2**62, 24)])))
-    for table in filter(None, [shard.table, shard.candidates]):
-        keys = table.export()[0].numpy().ravel()
+    for table in filter(None, [shard.key_rows, shard.admission.candidates]):
+        keys = table.hash_table.export()[0].numpy().ravel()
         assert (keys == -(2**63) + 1).sum() * 4 < keys.size  # deleted buckets: under a quarter
     stats = _stats(layer)
     assert stats["rows_in_use"] <= 64 and (stats["evicted"] > 1000 or min_count == 2)

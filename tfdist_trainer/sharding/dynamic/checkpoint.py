@@ -4,14 +4,14 @@ Why not each shard's variables, as a tf.Module would save them: a shard's
 rows are only meaningful with the shard count that hashed keys to it, so a
 checkpoint of 2 ps could not restore onto 3 ps or onto one device (an
 export, an evaluator). Saved instead, per table: every key in use with its
-values, optimizer slots, frequency and last sighting (the rows in use only,
+values, optimizer slots, last sighting and eviction metadata (the rows in use only,
 in shard order), each shard's row numbers, free stack and counters, the
 admission candidates and the re-initialisers' seeds.
 
 Restored onto the same shards of the same size, every key gets its old row
 back, so a resumed run continues exactly. Onto other shards, every key is
 hashed to its new shard and the rows are numbered anew; a shard that cannot
-hold its keys keeps the most frequently used (the others count as evicted);
+hold its keys keeps those its eviction policy scores highest (the others count as evicted);
 the counters' totals move to shard 0 and every clock to the largest.
 """
 
@@ -23,13 +23,13 @@ import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import tf_compat
-from tfdist_trainer.sharding.dynamic.eviction import lfu_score
 from tfdist_trainer.sharding.dynamic.keys import shard_of
 from tfdist_trainer.sharding.dynamic.shard import DynamicTableShard
 from tfdist_trainer.sharding.dynamic.state import export_shard_state, import_shard_state
 
-#: Saved with one element per key in use (``slot_<name>`` too); gathered per shard on restore.
-_ENTRIES = ("keys", "values", "frequency", "last_seen")
+#: Saved with one element per key in use (``slot_<name>`` and the eviction policy's metadata
+#: too); gathered per shard on restore.
+_ENTRIES = ("keys", "values", "last_seen")
 #: Saved with one element per shard.
 _COUNTERS = ("clock", "admitted", "evicted", "expired")
 
@@ -85,7 +85,8 @@ class DynamicTableCheckpoint(tf_compat.trackable_base()):
             lambda: {name: saved[name] for name in _COUNTERS},
             lambda: _rehashed_counters(len(shards), saved, [d for *_, d in layout]),
         )
-        names = [n for n in saved if n in _ENTRIES or n.startswith("slot_")]
+        per_key = (*_ENTRIES, *shards[0].eviction.metadata_names)
+        names = [n for n in saved if n in per_key or n.startswith("slot_")]
         ops = []
         for i, (shard, (index, rows, free, _)) in enumerate(zip(shards, layout)):
             with shard.on_device():
@@ -175,7 +176,7 @@ def _as_saved(n: int, saved: dict[str, tf.Tensor]) -> list:
 def _rehashed(shards: list, saved: dict[str, tf.Tensor]) -> list:
     """Each key goes to its shard among these; rows are numbered anew, the least used dropped."""
     shard = shard_of(saved["keys"], len(shards))
-    score = lfu_score(saved["frequency"], saved["last_seen"])
+    score = shards[0].eviction.score(saved["last_seen"], saved)
     out = []
     for i, target in enumerate(shards):
         index = tf.where(tf.equal(shard, i))[:, 0]

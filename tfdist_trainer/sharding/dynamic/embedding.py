@@ -4,7 +4,8 @@ Why: a `ShardedEmbedding` has a fixed number of rows, so raw ids (64-bit
 user ids, Criteo's hex strings) must first be hashed into buckets, and
 distinct ids share a row. Here every key gets its own row the first time it
 is seen `min_count` times, from a pool of `capacity` rows per shard; when a
-shard is full its least frequently used rows are evicted (LFU), and with
+shard is full the rows its eviction policy scores lowest are freed (LFU by
+default, or LRU: dynamic/eviction.py), and with
 `max_age_steps` rows not seen for that long are freed. Keys map to shards by a
 stable hash of the key (dynamic/keys.py); each shard's state and its
 operations live on one device (dynamic/shard.py): a ps task under
@@ -39,16 +40,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.sharding import update_lock
 from tfdist_trainer.sharding.dynamic import checkpoint as dynamic_checkpoint
+from tfdist_trainer.sharding.dynamic.arguments import check_arguments
 from tfdist_trainer.sharding.dynamic.checkpoint import DynamicTableCheckpoint
+from tfdist_trainer.sharding.dynamic.eviction import eviction_policy
 from tfdist_trainer.sharding.dynamic.keys import (
-    KEY_DTYPES,
     as_int64_keys,
     shard_of,
     stacked_keys,
@@ -64,20 +65,6 @@ from tfdist_trainer.sharding.placement import (
     strategy_kind,
 )
 from tfdist_trainer.sharding.saving import serializable
-
-#: Initializers that can draw any number of rows at run time (an evicted row is drawn anew).
-INITIALIZERS = (
-    keras.initializers.RandomUniform,
-    keras.initializers.RandomNormal,
-    keras.initializers.TruncatedNormal,
-    keras.initializers.Zeros,
-    keras.initializers.Ones,
-    keras.initializers.Constant,
-)
-
-
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
 
 
 def _reinitializer(initializer: Any, shard: int) -> Any:
@@ -161,6 +148,9 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         they share the table's capacity and eviction, and each feature has a
         default row of its own. A step then costs one table's hash-table work,
         not one per feature (module doc). None: one key space.
+      eviction: which rows a full shard frees: 'lfu' (least frequently used;
+        equally frequent, least recently seen) or 'lru' (least recently seen);
+        dynamic/eviction.py holds the policies.
 
     In training (``training=True``) unknown keys are counted, admitted and
     given rows; otherwise lookups only read, and unknown keys read the default row.
@@ -178,60 +168,27 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         embeddings_initializer: Any = "uniform",
         devices: Sequence[str] | None = None,
         stacked_features: int | None = None,
+        eviction: str = "lfu",
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not _positive_int(output_dim):
-            raise ConfigError(
-                f"{self.name}: output_dim must be an integer >= 1, got {output_dim!r}."
-            )
-        if not _positive_int(capacity):
-            raise ConfigError(
-                f"{self.name}: capacity (rows of the table) must be an integer >= 1, "
-                f"got {capacity!r}."
-            )
-        if not _positive_int(min_count):
-            raise ConfigError(f"{self.name}: min_count must be an integer >= 1, got {min_count!r}.")
-        if max_age_steps is not None and not _positive_int(max_age_steps):
-            raise ConfigError(
-                f"{self.name}: max_age_steps must be None or an integer >= 1, got {max_age_steps!r}."
-            )
-        if num_shards is not None and not _positive_int(num_shards):
-            raise ConfigError(
-                f"{self.name}: num_shards must be None or an integer >= 1, got {num_shards!r}."
-            )
-        if stacked_features is not None and not _positive_int(stacked_features):
-            raise ConfigError(
-                f"{self.name}: stacked_features must be None or an integer >= 1, "
-                f"got {stacked_features!r}."
-            )
-        per_feature = isinstance(key_dtype, (list, tuple))
-        if per_feature and (
-            stacked_features is None
-            or len(key_dtype) != stacked_features
-            or any(d not in KEY_DTYPES for d in key_dtype)
-        ):
-            raise ConfigError(
-                f"{self.name}: a key_dtype per feature needs stacked_features and one of 'int64' "
-                f"or 'string' for each of them, got key_dtype={list(key_dtype)!r} with "
-                f"stacked_features={stacked_features!r}."
-            )
-        if not per_feature and key_dtype not in KEY_DTYPES:
-            raise ConfigError(
-                f"{self.name}: key_dtype must be 'int64' or 'string' (or, with stacked_features, "
-                f"a list of them, one per feature), got {key_dtype!r}."
-            )
-        initializer = keras.initializers.get(embeddings_initializer)
-        if type(initializer) not in INITIALIZERS:
-            raise ConfigError(
-                f"{self.name}: embeddings_initializer must be one of "
-                f"{', '.join(c.__name__ for c in INITIALIZERS)} (evicted rows are drawn anew), "
-                f"got {type(initializer).__name__}."
-            )
+        initializer = check_arguments(
+            self.name,
+            output_dim=output_dim,
+            capacity=capacity,
+            num_shards=num_shards,
+            key_dtype=key_dtype,
+            min_count=min_count,
+            max_age_steps=max_age_steps,
+            embeddings_initializer=embeddings_initializer,
+            stacked_features=stacked_features,
+        )
+        self.eviction = eviction
+        self.__dict__["_eviction_policy"] = eviction_policy(self.name, eviction)
         self.output_dim = int(output_dim)
         self.capacity = int(capacity)
         self.num_shards = None if num_shards is None else int(num_shards)
-        self.key_dtype = list(key_dtype) if per_feature else key_dtype
+        self.key_dtype = list(key_dtype) if isinstance(key_dtype, (list, tuple)) else key_dtype
         self.min_count = int(min_count)
         self.max_age_steps = None if max_age_steps is None else int(max_age_steps)
         self.embeddings_initializer = initializer
@@ -246,7 +203,9 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
             len(self.devices) if self.devices else max(1, len(ps_devices(strategy)))
         )
         rows = -(-self.capacity // count)
-        row_bytes = self.output_dim * tf.as_dtype(self.variable_dtype).size + 5 * 8 + 1 + 2 * 16
+        # Per row: its values, 4 int64 of bookkeeping and the policy's, a flag, 2 hash buckets.
+        metadata = 4 + len(self._eviction_policy.metadata_names)
+        row_bytes = self.output_dim * tf.as_dtype(self.variable_dtype).size + metadata * 8 + 1 + 32
         candidates = list(self.devices) if self.devices else ps_devices(strategy)
         ledger = placement_ledger(strategy)
         placement = (
@@ -279,6 +238,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
                     device=_table_device(device, strategy),
                     concurrent=is_parameter_server(strategy),
                     layer_shards=count,
+                    eviction=self._eviction_policy,
                 )
             pool._tfdist_dynamic_shard = shard  # read by ReshardableOptimizerMixin (slot resets)
             if shard.concurrent:  # workers update the pool at once: each update whole
@@ -308,7 +268,9 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
     def saved_model_children(self, children: dict[str, Any]) -> dict[str, Any]:
         """A SavedModel serves lookups: it needs each shard's key -> row table beside the pools."""
         children = dict(children)
-        children.update({f"rows_shard_{i}": s.table for i, s in enumerate(self.shards)})
+        children.update(
+            {f"rows_shard_{i}": s.key_rows.hash_table for i, s in enumerate(self.shards)}
+        )
         return children
 
     # -- lookup --------------------------------------------------------------------
@@ -430,6 +392,7 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
             embeddings_initializer=keras.initializers.serialize(self.embeddings_initializer),
             devices=self.devices,
             stacked_features=self.stacked_features,
+            eviction=self.eviction,
         )
         return config
 

@@ -8,11 +8,12 @@ the shard's ps task, so two workers meeting the same new key in the same step
 end with exactly one row for it. Lookups for inference read the hash table
 only (its own mutex makes a single lookup safe) and never insert.
 
-The state is plain: one `DenseHashTable` (key -> row), one for admission
-candidates (key -> times seen) when ``min_count > 1``, and int64 variables of
-``capacity`` entries (the row's key, its frequency, the step it was last
-seen, a stack of free rows) plus scalar counters. Every row belongs to a
-key; keys without a row read `MISSING` (the layer's default row).
+The state is plain: a key -> row hash table (hash_table.py: it keeps empty
+buckets under steady removals), the admission candidates (admission.py), and
+int64 variables of ``capacity`` entries (the row's key, the step it was last
+seen, a stack of free rows, the eviction policy's metadata: eviction.py) plus
+scalar counters. Every row belongs to a key; keys without a row read
+`MISSING` (the layer's default row).
 
 Why a row is drawn anew after a key takes it, not when it is freed: the
 contents of a free row then never matter, so a checkpoint holds only the rows
@@ -22,18 +23,9 @@ the pool's lock, so that an update of the row's previous key that is under
 way finishes first; that update, and any later one computed for the previous
 key, leaves the row out (`current_rows`).
 
-Why the hash tables are rebuilt now and then: TF's `DenseHashTable` marks a
-removed key's bucket "deleted" and only an insert that probes it first reuses
-it, so under steady removals (evictions, admitted candidates) empty buckets
-run out, and a lookup of a missing key then probes every bucket and fails
-(measured: 64 buckets, at most 21 live keys, fails after 241 inserts). Each
-table counts its removals; once they reach a quarter of its buckets it is
-cleared and its live keys inserted again (O(buckets), amortised over those
-removals), so at least a quarter of the buckets stay empty.
-
 Costs: a training step does O(its keys) work on the shard; an eviction
 (shard full) selects its rows in O(capacity) and is amortised by freeing a
-chunk (`dynamic_eviction.EVICTION_CHUNK` of the capacity) at once; the age sweep is
+chunk (`eviction.EVICTION_CHUNK` of the capacity) at once; the age sweep is
 O(capacity) every ``max(1, max_age_steps // AGE_SWEEP_EVERY)`` steps.
 
 "Steps" are this table's training calls, counted per shard (one per
@@ -55,24 +47,24 @@ import tensorflow as tf
 from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import CONFIG_CHECK, ConfigError
 from tfdist_trainer.sharding import update_lock
+from tfdist_trainer.sharding.dynamic.admission import Admission
 from tfdist_trainer.sharding.dynamic.effects import effect_ops
-from tfdist_trainer.sharding.dynamic.eviction import ShardEviction
-from tfdist_trainer.sharding.dynamic.keys import DELETED_KEY, EMPTY_KEY, reserved
+from tfdist_trainer.sharding.dynamic.eviction import (
+    AGE_SWEEP_EVERY,
+    EVICTION_CHUNK,
+    EvictionPolicy,
+    LFUEviction,
+)
+from tfdist_trainer.sharding.dynamic.hash_table import KeyTable
+from tfdist_trainer.sharding.dynamic.keys import EMPTY_KEY, reserved
 
 #: The row of a key that has none: the layer reads its default row instead.
 MISSING = -1
-#: Admission candidates a shard keeps: max(capacity, MIN_CANDIDATES); past that the least seen go.
-MIN_CANDIDATES = 1024
 #: Counters a shard reports (`DynamicTableShard.counters`).
 COUNTERS = ("rows_in_use", "admitted", "evicted", "expired")
 
 
-def buckets(capacity: int) -> int:
-    """Hash-table buckets for `capacity` keys at a load of at most one half (no rehash while it fills)."""
-    return max(16, 1 << (2 * capacity - 1).bit_length())
-
-
-class DynamicTableShard(ShardEviction, tf.Module):
+class DynamicTableShard(tf.Module):
     """One shard's state and the operations that change it, all on the shard's device.
 
     Create it inside the strategy's scope and under the variable placement of
@@ -91,13 +83,13 @@ class DynamicTableShard(ShardEviction, tf.Module):
         device: str | None,
         concurrent: bool = True,
         layer_shards: int = 1,
+        eviction: type[EvictionPolicy] = LFUEviction,
     ):
         super().__init__(name=None)
         capacity, dim = (int(d) for d in pool.shape)
         self.where = where  # "layer shard i", for messages
         self.capacity, self.dim = capacity, dim
         self.min_count, self.max_age_steps = min_count, max_age_steps
-        self.candidate_limit = max(capacity, MIN_CANDIDATES)
         self.device = device
         # Whether several training steps may run at once (parameter_server workers): then each
         # step's read-modify-write runs in the critical section.
@@ -120,7 +112,6 @@ class DynamicTableShard(ShardEviction, tf.Module):
 
         with tf.init_scope():
             self.row_key = int64(tf.fill([capacity], tf.constant(EMPTY_KEY, tf.int64)), "row_key")
-            self.frequency = int64(tf.zeros([capacity], tf.int64), "frequency")
             self.last_seen = int64(tf.zeros([capacity], tf.int64), "last_seen")
             # The step (clock) at which each row was taken by its key: an update computed from
             # an earlier step's lookup is stale there (`current_rows`). Not checkpointed.
@@ -136,35 +127,16 @@ class DynamicTableShard(ShardEviction, tf.Module):
             self.admitted = int64(0, "admitted")
             self.evicted = int64(0, "evicted")
             self.expired = int64(0, "expired")
-            # Removals from each hash table since it was last rebuilt (not checkpointed: a
-            # restore rebuilds the tables).
-            self.__dict__["_removals"] = {
-                "table": int64(0, "table_removals"),
-                "candidates": int64(0, "candidate_removals"),
-            }
+            # Which rows a full shard frees, with its per-row metadata.
+            self.eviction = eviction(capacity)
+            # Plain objects (not tracked): the layer saves the table by key.
+            self.key_rows = KeyTable(
+                name="rows", capacity=capacity, default_value=MISSING, device=self.on_device
+            )
+            self.admission = Admission(
+                min_count=min_count, capacity=capacity, device=self.on_device
+            )
             with self.on_device():
-                self.table = tf.lookup.experimental.DenseHashTable(
-                    tf.int64,
-                    tf.int64,
-                    default_value=MISSING,
-                    empty_key=EMPTY_KEY,
-                    deleted_key=DELETED_KEY,
-                    initial_num_buckets=buckets(capacity),
-                    name="rows",
-                    experimental_is_anonymous=True,
-                )
-                self.candidates = None
-                if min_count > 1:
-                    self.candidates = tf.lookup.experimental.DenseHashTable(
-                        tf.int64,
-                        tf.int64,
-                        default_value=0,
-                        empty_key=EMPTY_KEY,
-                        deleted_key=DELETED_KEY,
-                        initial_num_buckets=buckets(self.candidate_limit),
-                        name="candidates",
-                        experimental_is_anonymous=True,
-                    )
                 # A name of its own: CriticalSections created eagerly under one name share one mutex,
                 # and a step locking two of them then waits for itself.
                 self.__dict__["_critical_section"] = tf.CriticalSection(
@@ -180,11 +152,11 @@ class DynamicTableShard(ShardEviction, tf.Module):
         """The bookkeeping variables (not the pool): what the placement ledger counts besides it."""
         return [
             self.row_key,
-            self.frequency,
             self.last_seen,
             self.taken_at,
             self.undrawn,
             self.free_rows,
+            *self.eviction.metadata.values(),
         ]
 
     @property
@@ -223,9 +195,7 @@ class DynamicTableShard(ShardEviction, tf.Module):
         """Rows of int64 `keys` (1-D); unknown and reserved keys read `MISSING`. Inserts nothing."""
         with self.on_device():
             bad = reserved(keys)
-            rows = tf.reshape(
-                self.table.lookup(tf.where(bad, tf.zeros_like(keys), keys)), tf.shape(keys)
-            )
+            rows = self.key_rows.lookup(tf.where(bad, tf.zeros_like(keys), keys))
             return tf.where(bad, tf.constant(MISSING, tf.int64), rows)
 
     # -- training ------------------------------------------------------------------
@@ -295,9 +265,7 @@ class DynamicTableShard(ShardEviction, tf.Module):
 
     def _step(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         # First, before this step reads them: rebuild a table worn by the removals of earlier steps.
-        upkeep = [self._rebuild_if_worn("table", MISSING)]
-        if self.candidates is not None:
-            upkeep.append(self._rebuild_if_worn("candidates", 0))
+        upkeep = [self.key_rows.rebuild_if_worn(), *self.admission.upkeep()]
         with tf.control_dependencies(effect_ops(upkeep)):
             return self._steps_work(keys, counts)
 
@@ -305,22 +273,18 @@ class DynamicTableShard(ShardEviction, tf.Module):
         effects: list = []
         clock = tf.convert_to_tensor(self.clock.assign_add(1))
         bad = reserved(keys)
-        rows = tf.reshape(
-            self.table.lookup(tf.where(bad, tf.zeros_like(keys), keys)), tf.shape(keys)
-        )
+        rows = self.key_rows.lookup(tf.where(bad, tf.zeros_like(keys), keys))
         found = (rows >= 0) & ~bad
         found_rows = tf.boolean_mask(rows, found)
         seen = tf.fill(tf.shape(found_rows), clock)
         effects += [
-            self.frequency.scatter_add(
-                tf.IndexedSlices(tf.boolean_mask(counts, found), found_rows)
-            ),
+            *self.eviction.seen(found_rows, tf.boolean_mask(counts, found)),
             self.last_seen.scatter_update(tf.IndexedSlices(seen, found_rows)),
         ]
         missing = ~found & ~bad
         missing_at = tf.where(missing)[:, 0]
         new_keys, new_counts = tf.boolean_mask(keys, missing), tf.boolean_mask(counts, missing)
-        admit, admission = self._admission(new_keys, new_counts)
+        admit, admission = self.admission.admit(new_keys, new_counts)
         effects += admission
         admitted_keys = tf.boolean_mask(new_keys, admit)
         n_new = tf.size(admitted_keys, out_type=tf.int64)
@@ -334,12 +298,12 @@ class DynamicTableShard(ShardEviction, tf.Module):
         effects += taking
         admitted_counts = tf.boolean_mask(new_counts, admit)
         effects += [
-            self.table.insert(admitted_keys, new_rows),
+            self.key_rows.insert(admitted_keys, new_rows),
             self.row_key.scatter_update(tf.IndexedSlices(admitted_keys, new_rows)),
             self.taken_at.scatter_update(
                 tf.IndexedSlices(tf.fill(tf.shape(new_rows), clock), new_rows)
             ),
-            self.frequency.scatter_update(tf.IndexedSlices(admitted_counts, new_rows)),
+            *self.eviction.taken(new_rows, admitted_counts),
             self.last_seen.scatter_update(
                 tf.IndexedSlices(tf.fill(tf.shape(new_rows), clock), new_rows)
             ),
@@ -372,35 +336,6 @@ class DynamicTableShard(ShardEviction, tf.Module):
             return tf.constant(True)
         # In a traced step: an assertion named CONFIG_CHECK, whose parts config_checks.py joins.
         return tf.debugging.Assert(needed <= self.capacity, parts, name=CONFIG_CHECK)
-
-    def _admission(self, keys: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, list]:
-        """Which new keys get a row now (seen `min_count` times in all), and the candidates' updates."""
-        if self.candidates is None:
-            return tf.ones_like(keys, tf.bool), []
-        total = tf.reshape(self.candidates.lookup(keys), tf.shape(keys)) + counts
-        admit = total >= self.min_count
-        effects = [
-            self.candidates.insert(tf.boolean_mask(keys, ~admit), tf.boolean_mask(total, ~admit)),
-            self._remove("candidates", tf.boolean_mask(keys, admit)),
-        ]
-        with tf.control_dependencies(effect_ops(effects)):
-            effects.append(
-                tf.cond(
-                    self.candidates.size() > self.candidate_limit,
-                    self._forget_candidates,
-                    lambda: tf.constant(0, tf.int64),
-                )
-            )
-        return admit, effects
-
-    def _forget_candidates(self) -> tf.Tensor:
-        """Forgets the candidates seen least often (O(candidates)): the table stays within its limit."""
-        keys, counts = (tf.reshape(t, [-1]) for t in self.candidates.export())
-        valid = keys > DELETED_KEY
-        least = tf.reduce_min(tf.boolean_mask(counts, valid))
-        forget = tf.boolean_mask(keys, valid & (counts <= least))
-        with tf.control_dependencies(effect_ops([self._remove("candidates", forget)])):
-            return tf.size(forget, out_type=tf.int64)
 
     def _take(self, n: tf.Tensor) -> tuple[tf.Tensor, list]:
         """Pops `n` rows off the free stack (rows 0, 1, ... of a fresh shard first), marked to be
@@ -448,76 +383,58 @@ class DynamicTableShard(ShardEviction, tf.Module):
             effects.append(stored.scatter_update(tf.IndexedSlices(tf.tile(row, [n, 1]), rows)))
         return effects
 
-    # -- hash-table upkeep -------------------------------------------------------
-    def _remove(self, which: str, keys: tf.Tensor) -> tf.Tensor:
-        """Erases `keys` from the table `which` ('table' or 'candidates'), counting the removals."""
-        erased = getattr(self, which).erase(keys)
-        with tf.control_dependencies(effect_ops([erased])):
-            return self._removals[which].assign_add(tf.size(keys, out_type=tf.int64))
+    # -- freeing rows ----------------------------------------------------------------
+    def _make_room(self, n_new: tf.Tensor, clock: tf.Tensor) -> tf.Tensor:
+        """Evicts when `n_new` rows do not fit: frees at least a chunk of the rows the policy
+        scores lowest, never one this step has seen."""
+        chunk = max(1, self.capacity // EVICTION_CHUNK)
+        shortfall = n_new - (self.capacity - self.rows_in_use.read_value())
 
-    def _rebuild_if_worn(self, which: str, empty_value: int) -> tf.Tensor:
-        """Rebuilds the table `which` once its removals reach a quarter of its buckets (module doc)."""
-        table = getattr(self, which)
-
-        def rebuild():
-            exported = table.export()
-            keys, values = (tf.reshape(t, [-1]) for t in exported)
-            live = keys > DELETED_KEY
-            return self._rebuild(
-                which,
-                empty_value,
-                tf.boolean_mask(keys, live),
-                tf.boolean_mask(values, live),
-                exported_keys=exported[0],
+        def evict():
+            eligible = (self.row_key.read_value() != EMPTY_KEY) & (self.last_seen < clock)
+            k = tf.minimum(
+                tf.maximum(tf.constant(chunk, tf.int64), shortfall),
+                tf.math.count_nonzero(eligible, dtype=tf.int64),
             )
+            return self._free(self.eviction.victims(k, eligible, self.last_seen), self.evicted)
 
-        # The buckets it was made with (TF may have doubled them since: then it is rebuilt early).
-        worn = self._removals[which].read_value() * 4 >= self._buckets_of(which)
-        return tf.cond(worn, rebuild, lambda: tf.constant(0, tf.int64))
+        return tf.cond(shortfall > 0, evict, lambda: tf.constant(0, tf.int64))
 
-    def _buckets_of(self, which: str) -> int:
-        """The buckets the table `which` is made (and rebuilt) with."""
-        return buckets(self.capacity if which == "table" else self.candidate_limit)
+    def _expire(self, clock: tf.Tensor) -> tf.Tensor:
+        """Frees the rows not seen for `max_age_steps` steps, every few steps (an O(capacity) sweep)."""
+        if self.max_age_steps is None:
+            return tf.constant(0, tf.int64)
+        every = max(1, self.max_age_steps // AGE_SWEEP_EVERY)
 
-    def _rebuild(
-        self,
-        which: str,
-        empty_value: int,
-        keys: tf.Tensor,
-        values: tf.Tensor,
-        exported_keys: tf.Tensor | None = None,
-    ):
-        """Clears the table `which` (TF's import of an all-empty bucket array: no deleted buckets
-        left), then inserts `keys` -> `values`; its removal count starts again at 0.
-        `exported_keys`: the table's export, when the caller has it (only its shape is read)."""
-        table = getattr(self, which)
-        if exported_keys is None:
-            exported_keys = table.export()[0]
-        # TF doubles the buckets itself on insert if more keys come than this load allows.
-        size = self._buckets_of(which)
-        # Shaped like the table's own export ([buckets, 1] when run, of unknown rank when traced):
-        # what the import kernel and its shape function each accept (as in TF's own restore).
-        # Filled at run time from that shape, never a folded constant: the table keeps the
-        # imported buffers as its buckets and writes into them.
-        shape = tf.concat([[size], tf.shape(exported_keys)[1:]], 0)
-        cleared = tf.raw_ops.LookupTableImportV2(
-            table_handle=table.resource_handle,
-            keys=tf.fill(shape, tf.constant(EMPTY_KEY, tf.int64)),
-            values=tf.fill(shape, tf.constant(empty_value, tf.int64)),
-        )
-        with tf.control_dependencies(effect_ops([cleared])):
-            inserted = table.insert(keys, values)
-        with tf.control_dependencies(effect_ops([inserted])):
-            return self._removals[which].assign(0)
+        def sweep():
+            stale = (self.row_key.read_value() != EMPTY_KEY) & (
+                self.last_seen < clock - self.max_age_steps
+            )
+            return self._free(tf.where(stale)[:, 0], self.expired)
 
-    # -- checkpoints (dynamic/state.py reads and writes the contents) -------------
+        return tf.cond(tf.equal(clock % every, 0), sweep, lambda: tf.constant(0, tf.int64))
+
+    def _free(self, rows: tf.Tensor, counter: tf.Variable) -> tf.Tensor:
+        """Removes the keys of `rows` and pushes the rows onto the free stack (drawn anew when taken)."""
+        k = tf.size(rows, out_type=tf.int64)
+        keys = tf.gather(self.row_key, rows)
+        free = self.capacity - self.rows_in_use.read_value()
+        effects = [
+            self.key_rows.remove(keys),
+            self.row_key.scatter_update(tf.IndexedSlices(tf.fill([k], EMPTY_KEY), rows)),
+            self.last_seen.scatter_update(tf.IndexedSlices(tf.zeros_like(rows), rows)),
+            self.free_rows.scatter_update(tf.IndexedSlices(rows, free + tf.range(k))),
+            *self.eviction.freed(rows),
+        ]
+        with tf.control_dependencies(effect_ops(effects)):
+            effects = [self.rows_in_use.assign_sub(k), counter.assign_add(k)]
+        with tf.control_dependencies(effect_ops(effects)):
+            return tf.identity(k)
+
+    # -- checkpoints (state.py reads and writes the contents) -------------------------
     def exclusively(self, fn):
         """`fn()`'s result, run where no training step of the shard runs at the same time: in the
         shard's critical section on its device (under no device, `fn()` as it is)."""
         if not self.device:
             return fn()
         return self._critical_section.execute(fn, exclusive_resource_access=False)
-
-    def rebuild(self, which: str, empty_value: int, keys: tf.Tensor, values: tf.Tensor):
-        """Clears the hash table `which` ('table' or 'candidates') and inserts `keys` -> `values`."""
-        return self._rebuild(which, empty_value, keys, values)

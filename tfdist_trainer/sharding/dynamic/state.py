@@ -13,15 +13,16 @@ import tensorflow as tf
 
 from tfdist_trainer import tf_compat
 from tfdist_trainer.sharding.dynamic.effects import effect_ops
-from tfdist_trainer.sharding.dynamic.keys import DELETED_KEY, EMPTY_KEY
-from tfdist_trainer.sharding.dynamic.shard import MISSING, DynamicTableShard
+from tfdist_trainer.sharding.dynamic.keys import EMPTY_KEY
+from tfdist_trainer.sharding.dynamic.shard import DynamicTableShard
 
 
 def export_shard_state(shard: DynamicTableShard) -> dict[str, tf.Tensor]:
     """The shard's rows in use and its bookkeeping, as tensors on its device (for a checkpoint).
 
-    Keys, rows, values, frequency, last_seen and each slot's values are
-    one entry per row in use, in row order; ``free`` is the free stack.
+    Keys, rows, values, last_seen, the eviction policy's metadata and each
+    slot's values are one entry per row in use, in row order; ``free`` is the
+    free stack.
     """
 
     def read():
@@ -32,8 +33,8 @@ def export_shard_state(shard: DynamicTableShard) -> dict[str, tf.Tensor]:
                 "keys": tf.gather(shard.row_key, used),
                 "rows": used,
                 "values": tf.gather(tf_compat.variable_storage(shard.pool), used),
-                "frequency": tf.gather(shard.frequency, used),
                 "last_seen": tf.gather(shard.last_seen, used),
+                **{name: tf.gather(m, used) for name, m in shard.eviction.metadata.items()},
                 "free": shard.free_rows[:free],
                 **{
                     name: tf.reshape(getattr(shard, name).read_value(), [1])
@@ -42,11 +43,7 @@ def export_shard_state(shard: DynamicTableShard) -> dict[str, tf.Tensor]:
             }
             for name, slot in shard.slots:
                 state[f"slot_{name}"] = tf.gather(tf_compat.variable_storage(slot), used)
-            if shard.candidates is not None:
-                keys, counts = (tf.reshape(t, [-1]) for t in shard.candidates.export())
-                valid = keys > DELETED_KEY
-                state["candidate_keys"] = tf.boolean_mask(keys, valid)
-                state["candidate_counts"] = tf.boolean_mask(counts, valid)
+            state.update(shard.admission.export())
             return state
 
     return shard.exclusively(read)
@@ -61,9 +58,10 @@ def import_shard_state(shard: DynamicTableShard, state: dict[str, tf.Tensor]) ->
     """
     with shard.on_device():
         rows, keys = state["rows"], state["keys"]
+        metadata = shard.eviction.metadata
         effects = [
             shard.row_key.assign(tf.fill([shard.capacity], tf.constant(EMPTY_KEY, tf.int64))),
-            shard.frequency.assign(tf.zeros([shard.capacity], tf.int64)),
+            *(m.assign(tf.zeros([shard.capacity], tf.int64)) for m in metadata.values()),
             shard.last_seen.assign(tf.zeros([shard.capacity], tf.int64)),
             shard.taken_at.assign(tf.zeros([shard.capacity], tf.int64)),
             shard.undrawn.assign(tf.zeros([shard.capacity], tf.bool)),
@@ -71,8 +69,8 @@ def import_shard_state(shard: DynamicTableShard, state: dict[str, tf.Tensor]) ->
         with tf.control_dependencies(effect_ops(effects)):
             effects += [
                 shard.row_key.scatter_update(tf.IndexedSlices(keys, rows)),
-                shard.frequency.scatter_update(tf.IndexedSlices(state["frequency"], rows)),
                 shard.last_seen.scatter_update(tf.IndexedSlices(state["last_seen"], rows)),
+                *(m.scatter_update(tf.IndexedSlices(state[n], rows)) for n, m in metadata.items()),
             ]
         pool = tf_compat.variable_storage(shard.pool)
         effects.append(
@@ -91,11 +89,6 @@ def import_shard_state(shard: DynamicTableShard, state: dict[str, tf.Tensor]) ->
             getattr(shard, name).assign(tf.reshape(state[name], []))
             for name in ("clock", "admitted", "evicted", "expired")
         ]
-        effects.append(shard.rebuild("table", MISSING, keys, rows))
-        if shard.candidates is not None and "candidate_keys" in state:
-            keys, counts = state["candidate_keys"], state["candidate_counts"]
-            keep = tf.minimum(tf.size(keys), shard.candidate_limit)
-            counts, order = tf.math.top_k(counts, k=keep)
-            keys = tf.gather(keys, order)
-            effects.append(shard.rebuild("candidates", 0, keys, counts))
+        effects.append(shard.key_rows.replace(keys, rows))
+        effects += shard.admission.restore(state)
         return effects
