@@ -63,7 +63,7 @@ def elastic_min_workers(strategy_config, flag_value: int | None, num_workers: in
     that says it shrinks (`StrategyConfig.shrinks`: multi_worker_mirrored) can (a
     parameter_server job goes on without a lost worker by itself).
     """
-    value = flag_value if flag_value is not None else getattr(strategy_config, "min_workers", None)
+    value = flag_value if flag_value is not None else strategy_config.min_workers
     if value is None:
         return None
     if not strategy_config.shrinks:

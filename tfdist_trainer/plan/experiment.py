@@ -115,13 +115,7 @@ class Experiment:
             checks.positive_int(f"train.{name}", value, or_none=True)
         self.trainer_cls = trainer_cls
         self.strategy_config: StrategyConfig = as_strategy_config(strategy)
-        if gradient_accumulation_steps > 1 and getattr(self.strategy_config, "data_service", False):
-            raise ConfigError(
-                f"train.gradient_accumulation_steps={gradient_accumulation_steps} cannot read "
-                f"through the tf.data service (parameter_server.data_service=True), whose loop "
-                f"stops at any batch when the data ends; set one of them back "
-                f"(gradient_accumulation_steps = 1 or data_service = False)."
-            )
+        self.strategy_config.check_job(gradient_accumulation_steps=gradient_accumulation_steps)
         self.train_steps = train_steps
         self.auto_steps_per_loop = steps_per_loop == "auto"
         self.steps_per_loop = steps_per_loop_value or self.strategy_config.default_steps_per_loop

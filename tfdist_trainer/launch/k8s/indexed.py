@@ -86,7 +86,7 @@ def indexed_manifests(spec: JobSpec) -> list[dict[str, Any]]:
             spec.name,
             spec.namespace,
             spec.port,
-            data_port=getattr(spec.strategy_config, "data_service", False),
+            data_port=spec.strategy_config.data_service,
         )
     )
     return objects

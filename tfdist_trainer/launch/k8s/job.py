@@ -236,7 +236,7 @@ def _role_resources(spec: JobSpec, layout: dict[str, int]) -> dict[str, Resource
             cpu=spec.cpu,
             memory=spec.memory,
             overrides=spec.resources,
-            strategy_name=getattr(spec.strategy_config, "name", "") or "this",
+            strategy_name=spec.strategy_config.name or "this",
         )
     except ResourceError as e:
         raise ManifestError(str(e)) from None

@@ -141,6 +141,6 @@ def jobset_manifests(spec: JobSpec) -> list[dict[str, Any]]:
             spec.name,
             spec.namespace,
             spec.port,
-            data_port=getattr(spec.strategy_config, "data_service", False),
+            data_port=spec.strategy_config.data_service,
         ),
     ]

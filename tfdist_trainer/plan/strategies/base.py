@@ -61,6 +61,17 @@ class StrategyConfig:
     #: only strategies with a coordinator schedule closures.
     stall_timeout_s: float = 0.0
 
+    #: Whether the workers read the training data through the tf.data service (a dispatcher
+    #: task; a data port on each worker): parameter_server.data_service.
+    data_service: bool = False
+
+    #: The fewest workers an elastic job may shrink to (None: not elastic), where the strategy
+    #: `shrinks`: multi_worker_mirrored.min_workers.
+    min_workers: int | None = None
+
+    def check_job(self, *, gradient_accumulation_steps: int) -> None:
+        """Raises ConfigError for a job-level setting (``train.*``) this strategy cannot honour."""
+
     def validate(self, cluster: ClusterConfig) -> None:
         """Raises ClusterConfigError when `cluster` cannot run this strategy."""
         no_dispatcher(self.name, cluster)

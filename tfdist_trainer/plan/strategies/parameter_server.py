@@ -78,6 +78,15 @@ class ParameterServer(StrategyConfig):
         self.stall_timeout_s = float(stall_timeout_s)
         self.data_service = data_service
 
+    def check_job(self, *, gradient_accumulation_steps: int) -> None:
+        if gradient_accumulation_steps > 1 and self.data_service:
+            raise ConfigError(
+                f"train.gradient_accumulation_steps={gradient_accumulation_steps} cannot read "
+                f"through the tf.data service (parameter_server.data_service=True), whose loop "
+                f"stops at any batch when the data ends; set one of them back "
+                f"(gradient_accumulation_steps = 1 or data_service = False)."
+            )
+
     def validate(self, cluster: ClusterConfig) -> None:
         if cluster.is_local or not cluster.num_tasks(PS):
             raise ClusterConfigError(
