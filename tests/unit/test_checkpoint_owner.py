@@ -110,7 +110,8 @@ def test_best_export_reads_a_durable_checkpoint(tmp_path, is_chief):
 
 def test_the_stall_save_is_durable_before_the_chief_exits(tmp_path):
     run = stand_in(f"file://{tmp_path}", step=40)
-    said = stall.save_after_stall(run, ClusterStalledError("stalled", []), timeout_s=30.0)
+    final = types.MethodType(RunContext.final_save, run)()
+    said = stall.save_after_stall(final, ClusterStalledError("stalled", []), timeout_s=30.0)
     assert said == "saved a checkpoint at step 40"
     assert run.events == [("save", 40), ("durable", 40)]
 

@@ -2,18 +2,15 @@
 evaluator side-car tells hooks after each checkpoint it evaluated.
 
 Hooks are TF-free at import: gin must know them before a task starts TensorFlow,
-and what they do to the model they do through the `RunContext` they are given.
+and what they do to the model they do through the run they are given (`Run`, hooks/run.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tfdist_trainer.runtime import loops
-    from tfdist_trainer.runtime.train.run_context import RunContext
+from tfdist_trainer.hooks.run import LoopResult, Run
 
 
 class StopTraining(Exception):
@@ -26,13 +23,13 @@ class Hook:
     #: A loop ends at every multiple of this many steps, so that after_loop sees it.
     every_n_steps: int | None = None
 
-    def begin(self, run: RunContext) -> None:
+    def begin(self, run: Run) -> None:
         """Called once after the state is built and restored, before the first loop."""
 
-    def after_loop(self, run: RunContext, result: loops.LoopResult) -> None:
+    def after_loop(self, run: Run, result: LoopResult) -> None:
         """Called after every loop; raise StopTraining to stop."""
 
-    def end(self, run: RunContext) -> None:
+    def end(self, run: Run) -> None:
         """Called once after the last loop (also after StopTraining)."""
 
     def after_side_car_eval(self, evaluation: SideCarEvaluation) -> None:

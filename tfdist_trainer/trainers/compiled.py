@@ -22,7 +22,7 @@ Private Keras pieces are reached only through `tfdist_trainer.tf_compat`.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import keras
 import tensorflow as tf
@@ -31,8 +31,16 @@ from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.trainers import data as data_lib
 
-if TYPE_CHECKING:
-    from tfdist_trainer.trainers.trainer import Trainer
+class ModelOwner(Protocol):
+    """What this module reads of a Trainer: its model, its training data, and which of its
+    methods the user overrode. A protocol, not the `Trainer` class: trainer.py imports this
+    module, and an import back would be a cycle."""
+
+    model: Any
+
+    def overrides(self, name: str) -> bool: ...
+
+    def build_train_dataset(self, context: Any) -> Any: ...
 
 
 def is_compiled(model: Any) -> bool:
@@ -45,7 +53,7 @@ def _overrides(obj: Any, base: type, name: str) -> bool:
 
 
 @tf.autograph.experimental.do_not_convert
-def uses_compiled_loss(trainer: Trainer) -> bool:
+def uses_compiled_loss(trainer: ModelOwner) -> bool:
     """Whether the step loss comes from the model's compile (Trainer.compute_loss not overridden).
 
     A Python decision, taken while a step is traced: nothing for AutoGraph to convert. One
@@ -56,7 +64,7 @@ def uses_compiled_loss(trainer: Trainer) -> bool:
     return not trainer.overrides("compute_loss") and is_compiled(trainer.model)
 
 
-def example_batch(trainer: Trainer) -> tuple[Any, Any, Any]:
+def example_batch(trainer: ModelOwner) -> tuple[Any, Any, Any]:
     """(features, labels, sample_weight) of one example, zeros, shaped like the training data.
 
     The one zero-batch builder: it builds a lazy model (runtime.state) and a compiled
@@ -77,7 +85,7 @@ def example_batch(trainer: Trainer) -> tuple[Any, Any, Any]:
     return tuple(tf.nest.map_structure(zeros, part) for part in (x, y, sample_weight))
 
 
-def prepare(trainer: Trainer) -> None:
+def prepare(trainer: ModelOwner) -> None:
     """Checks a compiled model against its Trainer and creates the compiled loss's state.
 
     Called by the run layer under the strategy's scope, once `trainer.model` is
@@ -129,7 +137,7 @@ def optimizer(model: Any) -> keras.optimizers.Optimizer | None:
     return compiled_optimizer
 
 
-def metrics(trainer: Trainer) -> list[keras.metrics.Metric]:
+def metrics(trainer: ModelOwner) -> list[keras.metrics.Metric]:
     """A new copy of the compiled metrics ([] without any), built under the current scope."""
     if not is_compiled(trainer.model):
         return []

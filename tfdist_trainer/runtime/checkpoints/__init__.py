@@ -16,6 +16,7 @@ came as two modules and one argument, `background`):
   a half-written checkpoint out of their sight.
 * `pins`: the evaluator's pin on the checkpoint it reads.
 * `failures`: a failed read or write in one sentence.
+* `final_save`: `FinalSave`, what a strategy's last words may save (a stalled cluster).
 
 The names other modules use are re-exported here.
 """
@@ -23,6 +24,7 @@ The names other modules use are re-exported here.
 from tfdist_trainer.io.checkpoint_names import step_of
 from tfdist_trainer.runtime.checkpoints.checkpointer import PEER_DIRECTORY_PREFIX, Checkpointer
 from tfdist_trainer.runtime.checkpoints.failures import model_mismatch, unreadable_reason
+from tfdist_trainer.runtime.checkpoints.final_save import FinalSave
 from tfdist_trainer.runtime.checkpoints.listing import (
     checkpoint_files,
     found_newest_first,
@@ -35,6 +37,7 @@ __all__ = [
     "PEER_DIRECTORY_PREFIX",
     "PIN_FILE",
     "Checkpointer",
+    "FinalSave",
     "checkpoint_files",
     "found_newest_first",
     "listed_newest_first",

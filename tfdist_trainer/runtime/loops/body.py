@@ -10,24 +10,13 @@ Reading through the tf.data service, the same body stops early when a finite dat
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import tensorflow as tf
 
+from tfdist_trainer.hooks.run import LoopResult
 from tfdist_trainer.trainers import data as data_lib
 from tfdist_trainer.trainers.trainer import Trainer
-
-
-@dataclasses.dataclass
-class LoopResult:
-    """What one `train(steps)` call reports."""
-
-    steps: int
-    loss: float  # mean over the steps (NaN if any step was)
-    first_nonfinite_step: int | None  # the global step whose loss first was NaN/Inf
-    retried: bool = False  # set by NanGuard when it rolled back to a checkpoint
-    data_ended: bool = False  # a finite dataset ran out (parameter_server.data_service)
 
 
 def _earliest_step(strategy: tf.distribute.Strategy, per_replica_step) -> tf.Tensor:

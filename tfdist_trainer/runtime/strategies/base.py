@@ -34,6 +34,7 @@ from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.plan.strategies import StrategyConfig
 from tfdist_trainer.plan.task import TaskContext
 from tfdist_trainer.runtime import loops, shutdown, whole_tables
+from tfdist_trainer.runtime.checkpoints import FinalSave
 from tfdist_trainer.runtime.loops import accumulate
 from tfdist_trainer.sharding import runtime_api as tables
 
@@ -134,8 +135,11 @@ class StrategyRuntime:
         (`SaveOnPreemption`). Overridden by parameter_server: its chief does."""
         return False
 
-    def run_loop(self, loop: Any, steps: int, *, stop: Callable[[], bool], run: Any) -> Any:
-        """One `loop.train(steps)` call of the training task (`run`: its `RunContext`).
+    def run_loop(
+        self, loop: Any, steps: int, *, stop: Callable[[], bool], final_save: FinalSave
+    ) -> Any:
+        """One `loop.train(steps)` call of the training task (`final_save`: what it may still
+        save if it must exit now).
 
         Overridden by parameter_server: a cluster whose workers stopped answering (its
         watchdog's `ClusterStalledError`) saves what it can and ends the task.

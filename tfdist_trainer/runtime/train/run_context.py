@@ -8,28 +8,25 @@ to the model (evaluate, save, export, read memory) goes through here.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import keras
 import tensorflow as tf
 from absl import logging
 
 from tfdist_trainer import sharding
+from tfdist_trainer.hooks import Hook
 from tfdist_trainer.io import storage
 from tfdist_trainer.io.records import EVALUATOR_JOURNAL, MetricsRecord, read_records
 from tfdist_trainer.plan.cluster import EVALUATOR, ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.runtime import ema, export, loops, memory
-from tfdist_trainer.runtime.checkpoints import Checkpointer
+from tfdist_trainer.runtime.checkpoints import Checkpointer, FinalSave
 from tfdist_trainer.runtime.logs import Summaries, report_eval, trainer_tags
 from tfdist_trainer.trainers.trainer import Trainer
 
-if TYPE_CHECKING:
-    from tfdist_trainer.hooks import Hook
-
 
 class RunContext:
-    """Everything a hook may touch during one training run of one task."""
+    """Everything a hook may touch during one training run of one task (`hooks.Run`)."""
 
     def __init__(
         self,
@@ -175,6 +172,17 @@ class RunContext:
         self.checkpointer.save(self.step)
         if durable:
             self.wait_for_checkpoints()
+
+    def final_save(self) -> FinalSave:
+        """What the strategy may save when the task must exit now (a stalled cluster): the
+        steps finished so far, durably, through `save_checkpoint`."""
+
+        def save() -> int:
+            self.refresh_step()
+            self.save_checkpoint(durable=True)  # the task exits next
+            return self.step
+
+        return FinalSave(self.checkpointer, save)
 
     def wait_for_checkpoints(self) -> None:
         """Returns once every save asked for is durable (`Checkpointer.wait`): before the done

@@ -50,7 +50,9 @@ class Run:
         """Runs `steps` steps (fewer once `stop` says so; what a stalled cluster does is the
         strategy's `run_loop`), then averages the replicas' statistics (BatchNormalization's)
         before any hook saves, evaluates or exports."""
-        result = self.runtime.run_loop(self.loop, steps, stop=self.stop, run=self.context)
+        result = self.runtime.run_loop(
+            self.loop, steps, stop=self.stop, final_save=self.context.final_save()
+        )
         self.sync_statistics()
         return result
 

@@ -29,6 +29,7 @@ from tfdist_trainer.plan.cluster import WORKER, ClusterConfig
 from tfdist_trainer.plan.strategies.parameter_server import ParameterServer
 from tfdist_trainer.plan.task import TaskContext
 from tfdist_trainer.runtime import loops
+from tfdist_trainer.runtime.checkpoints import FinalSave
 from tfdist_trainer.runtime.strategies.base import StrategyRuntime
 from tfdist_trainer.runtime.strategies.parameter_server import stall
 from tfdist_trainer.runtime.strategies.parameter_server.scheduled_loop import ScheduledTrainLoop
@@ -100,10 +101,12 @@ class ParameterServerRuntime(StrategyRuntime):
         """The chief saves the variables a preempted ps holds before that ps exits."""
         return self.schedules and cluster.is_chief
 
-    def run_loop(self, loop: Any, steps: int, *, stop: Callable[[], bool], run: Any) -> Any:
+    def run_loop(
+        self, loop: Any, steps: int, *, stop: Callable[[], bool], final_save: FinalSave
+    ) -> Any:
         """A cluster whose workers stopped answering (the watchdog, `stall_timeout_s`) saves what
         the finished closures counted, when it can, and ends the task (`stall`)."""
         try:
             return loop.train(steps, stop=stop)
         except ClusterStalledError as stalled:
-            raise stall.stalled_error(run, stalled, self.config.stall_timeout_s) from None
+            raise stall.stalled_error(final_save, stalled, self.config.stall_timeout_s) from None

@@ -2,27 +2,24 @@
 
 `watchdog` raises `ClusterStalledError` when no scheduled closure finished for
 `parameter_server.stall_timeout_s`; this turns it into the task's last words (what was
-saved, and that a restart resumes), asked by `ParameterServerRuntime.run_loop`. `run` is
-the training task's `RunContext` (train/run_context), which sits above this layer.
+saved, and that a restart resumes), asked by `ParameterServerRuntime.run_loop` with the
+task's `FinalSave` (the checkpointer, and a durable save of the finished steps).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from tfdist_trainer.errors import ClusterStalledError
-
-if TYPE_CHECKING:
-    from tfdist_trainer.runtime.train.run_context import RunContext
+from tfdist_trainer.runtime.checkpoints import FinalSave
 
 #: The longest a chief waits for its last checkpoint after the watchdog fired.
 STALL_SAVE_TIMEOUT_S = 60.0
 
 
-def save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: float) -> str:
+def save_after_stall(final: FinalSave, stalled: ClusterStalledError, timeout_s: float) -> str:
     """Saves what the finished closures counted when the cluster lets it; says what was kept.
 
     A save needs only the chief and the ps once the chief's traced write exists
@@ -34,21 +31,19 @@ def save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: f
     after `timeout_s`; a save cut short leaves a ``*_temp`` directory that the
     next start removes.
     """
-    run.refresh_step()
-    kept = run.checkpointer.latest_step()
+    kept = final.checkpointer.latest_step()
     kept_text = (
         f"the last checkpoint (step {kept}) is kept"
         if kept is not None
         else "no checkpoint exists yet"
     )
-    if stalled.silent and not run.checkpointer.saves_without_the_workers:
+    if stalled.silent and not final.checkpointer.saves_without_the_workers:
         return f"no checkpoint was written (a first save must reach every worker); {kept_text}"
     outcome: list[str] = []
 
     def save():
         try:
-            run.save_checkpoint(durable=True)  # the chief exits next
-            outcome.append(f"saved a checkpoint at step {run.step}")
+            outcome.append(f"saved a checkpoint at step {final.save()}")  # the chief exits next
         except (tf.errors.OpError, OSError) as e:
             outcome.append(f"no checkpoint could be written ({type(e).__name__}); {kept_text}")
 
@@ -62,9 +57,9 @@ def save_after_stall(run: RunContext, stalled: ClusterStalledError, timeout_s: f
     )
 
 
-def stalled_error(run: RunContext, stalled: ClusterStalledError, stall_timeout_s: float):
+def stalled_error(final: FinalSave, stalled: ClusterStalledError, stall_timeout_s: float):
     """The error the chief exits with after a stall: the watchdog's words, what was saved, what next."""
-    saved = save_after_stall(run, stalled, min(STALL_SAVE_TIMEOUT_S, stall_timeout_s))
+    saved = save_after_stall(final, stalled, min(STALL_SAVE_TIMEOUT_S, stall_timeout_s))
     return ClusterStalledError(
         f"{stalled}; {saved}; exiting with code {ClusterStalledError.exit_code} (retryable): a restart "
         f"policy (OnFailure or ExitCode) restarts the chief and the ps, which resume from the last "
