@@ -60,26 +60,21 @@ def train(
     """
     from absl import logging
 
-    from tfdist_trainer.plan import preflight
-
     if log_level is not None:
         logging.set_verbosity(log_level)
-    prepared = preflight.prepare(
-        preflight.TRAIN_API,
-        model_dir,
-        gin_files,
-        gin_bindings,
-        modules,
-        trainer_cls=trainer_cls,
-    )
+    prepared = _prepared("TRAIN_API", trainer_cls, model_dir, gin_files, gin_bindings, modules)
     prepared.create_model_dir()
+    return _run_training_in_this_process(prepared)
 
+
+def _run_training_in_this_process(prepared: Any) -> dict[str, Any]:
+    """Runs the checked training, then puts back what it changes for the whole process (the
+    mixed-precision policy, the SIGTERM handler): a notebook goes on after it."""
     import keras
 
     from tfdist_trainer.runtime.config_checks import config_checks_are_config_errors
     from tfdist_trainer.runtime.train.controller import run_training
 
-    # What the run changes for the whole process goes back as it was: a notebook goes on.
     previous_policy = keras.mixed_precision.global_policy()
     previous_sigterm = signal.getsignal(signal.SIGTERM)
     try:
@@ -168,7 +163,7 @@ def _prepared(
     gin_bindings: Sequence[str],
     modules: Sequence[str],
 ) -> Any:
-    """The checked run of a checkpoint reader (`preflight.<entry_point>`): gin, model_dir, trainer."""
+    """The checked run of an API entry point (`preflight.<entry_point>`): gin, model_dir, trainer."""
     from tfdist_trainer.plan import preflight
 
     return preflight.prepare(

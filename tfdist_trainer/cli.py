@@ -155,6 +155,7 @@ def _fail(role: str, message: str, code: int, *, hard: bool = False) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """One task: its checks, then its role's action (or one checkpoint under --mode)."""
     if len(argv) > 1:
         _fail(
             "tfdist-train",
@@ -166,15 +167,25 @@ def main(argv: list[str]) -> None:
     # Before anything imports TensorFlow: its start-up lines go to the task's log only.
     task_console.own_console(FLAGS.model_dir, chatter=FLAGS.console_chatter)
     from tfdist_trainer.launch import parent_watch
-    from tfdist_trainer.plan import cluster as cluster_lib
-    from tfdist_trainer.plan import network, preflight
-    from tfdist_trainer.runtime.logs import set_role
+    from tfdist_trainer.plan import network
 
     parent_watch.end_with_launcher()
     if FLAGS.mode != "train":
         _checkpoint_mode(FLAGS.mode)
         return
     network.set_grpc_environment()
+    prepared = _checked_task()
+    _start_task(prepared)
+    _run_task(prepared)
+
+
+def _checked_task():
+    """The task's cluster, gin configuration and peers, checked before TensorFlow starts: a
+    mistake ends the task with one sentence and exit 2, under its role once the cluster names it."""
+    from tfdist_trainer.plan import cluster as cluster_lib
+    from tfdist_trainer.plan import preflight
+    from tfdist_trainer.runtime.logs import set_role
+
     role = "tfdist-train"
     try:
         cluster = cluster_lib.resolve(
@@ -200,22 +211,25 @@ def main(argv: list[str]) -> None:
         _wait_for_peers(prepared)
     except errors.ConfigError as e:
         _fail(role, str(e), EXIT_CONFIG)
+    return prepared
 
-    _start_task(prepared)
-    action = prepared.action
+
+def _run_task(prepared) -> None:
+    """Runs the task's action and leaves at once; the package's own errors end it with one
+    sentence and their exit code, anything else keeps its traceback."""
     from tfdist_trainer.runtime.config_checks import config_checks_are_config_errors
     from tfdist_trainer.runtime.peers import lost_peer_is_one_error
 
+    action, cluster = prepared.action, prepared.cluster
     try:
         with lost_peer_is_one_error(), config_checks_are_config_errors():
             _run_action(action, prepared.experiment, cluster, prepared.strategy_config)
         _leave_without_teardown()
-    # the package's own errors: one sentence; anything else keeps its traceback
     except errors.TfdistError as e:
         # A serving task leaves without interpreter shutdown: with its TF server still running,
         # teardown sometimes crashed (exit 139 after the line saying 143; seen in make test).
         hard = e.hard_exit or action is Action.SERVE
-        _fail(role, str(e).strip().splitlines()[0], e.exit_code, hard=hard)
+        _fail(cluster.role, str(e).strip().splitlines()[0], e.exit_code, hard=hard)
 
 
 def _leave_without_teardown() -> None:

@@ -19,7 +19,7 @@ def test_gradient_accumulation_and_a_profile_are_accepted():
     experiment = Experiment(
         trainer_cls=AnyTrainer, train_steps=50, gradient_accumulation_steps=4, profile_steps=(5, 9)
     )
-    assert experiment.gradient_accumulation_steps == 4
+    assert experiment.loop.gradient_accumulation_steps == 4
     (profiler,) = [h for h in experiment.hooks if isinstance(h, Profiler)]
     assert (profiler.first, profiler.last) == (5, 9)
     assert (

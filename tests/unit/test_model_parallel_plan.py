@@ -72,7 +72,7 @@ def test_model_parallel_lm_configs_parse():
         strategy = experiment.strategy_config
         assert isinstance(strategy, ModelParallel) and strategy.num_devices == devices
         assert strategy.gpu_memory_growth and strategy.num_micro_batches == 4
-        assert experiment.mixed_precision == "mixed_bfloat16"
+        assert experiment.loop.mixed_precision == "mixed_bfloat16"
     experiment = config.load_experiment(
         [
             f"{REPO}/configs/model_parallel_lm/tiny.gin",

@@ -75,7 +75,7 @@ class ProgressLogger(Hook):
         eta = (run.target_step - run.step) / steps_per_s
         peaks = run.peak_memory()
         # A step is one optimizer update: with gradient accumulation it takes k batches.
-        k = run.experiment.gradient_accumulation_steps
+        k = run.experiment.loop.gradient_accumulation_steps
         examples_per_s = steps_per_s * run.trainer.global_batch_size * k
         learning_rate = run.learning_rate()
         lr = {} if learning_rate is None else {"learning_rate": learning_rate}

@@ -101,16 +101,7 @@ def _local_cluster(train_args: list[str], settings: argparse.Namespace) -> super
     model_dir and logs created; nothing started."""
     try:
         preflight.check_task_counts(FLAGS.num_workers, FLAGS.num_ps)
-        # Checking model_dir (tf.io.gfile) and the user's Trainer both import TensorFlow: its
-        # start-up lines are the same every task writes to its log.
-        with console.quiet_stderr(_keep_line()):
-            prepared = preflight.prepare(
-                preflight.LAUNCH,
-                settings.model_dir,
-                settings.gin_file,
-                settings.gin_bindings,
-                settings.module,
-            )
+        prepared = _prepared_quietly(settings)
         strategy_config = prepared.strategy_config
         policy = supervisor.RestartPolicy(FLAGS.restart_policy, FLAGS.backoff_limit)
         budget = RestartBudget(FLAGS.backoff_limit, FLAGS.backoff_window_s, FLAGS.restart_backoff_s)
@@ -124,15 +115,7 @@ def _local_cluster(train_args: list[str], settings: argparse.Namespace) -> super
             evaluator=FLAGS.evaluator,
             host=FLAGS.host,
         )
-        prepared.create_model_dir()
-        logs = storage.join(prepared.model_dir, "logs")
-        try:  # logs: user-only, even if model_dir existed
-            storage.make_private_dir(logs)
-        except OSError as e:
-            raise ConfigError(
-                f"--model_dir {prepared.model_dir} cannot be used as a directory "
-                f"({e.strerror or e}); pick another path."
-            ) from None
+        logs = _create_run_dirs(prepared)
     except ConfigError as e:  # ClusterConfigError included
         error(str(e))
     local = supervisor.LocalCluster(
@@ -150,6 +133,35 @@ def _local_cluster(train_args: list[str], settings: argparse.Namespace) -> super
     local.console_chatter = FLAGS.console_chatter
     local.console_format = FLAGS.console_format
     return local
+
+
+def _prepared_quietly(settings: argparse.Namespace) -> preflight.Prepared:
+    """The launch's preflight, with TensorFlow's start-up lines kept off the console: checking
+    model_dir (tf.io.gfile) and the user's Trainer both import TensorFlow, and its lines are the
+    same every task writes to its log."""
+    with console.quiet_stderr(_keep_line()):
+        return preflight.prepare(
+            preflight.LAUNCH,
+            settings.model_dir,
+            settings.gin_file,
+            settings.gin_bindings,
+            settings.module,
+        )
+
+
+def _create_run_dirs(prepared: preflight.Prepared) -> str:
+    """Creates model_dir and its logs directory, user-only even if model_dir existed; returns the
+    logs directory. A model_dir that cannot hold one is a ConfigError."""
+    prepared.create_model_dir()
+    logs = storage.join(prepared.model_dir, "logs")
+    try:
+        storage.make_private_dir(logs)
+    except OSError as e:
+        raise ConfigError(
+            f"--model_dir {prepared.model_dir} cannot be used as a directory "
+            f"({e.strerror or e}); pick another path."
+        ) from None
+    return logs
 
 
 def run() -> None:

@@ -164,12 +164,7 @@ class LocalCluster(OutputRelay):
         strategy can lose (a parameter_server worker); else returns the job's exit code."""
         self._report_failure(task)
         ran_for_s = time.monotonic() - self._started_at[task.role]
-        needed = (
-            self.strategy_config is not None
-            and self.strategy_config.must_come_back(task.task_type)
-            and not self.policy.retries(code)
-            and self.restarts < NEEDED_TASK_RESTARTS
-        )
+        needed = self._needed_back(task, code)
         if needed:
             say(
                 f"{task.role} must come back for the job to finish (the tf.data service's epoch "
@@ -182,41 +177,67 @@ class LocalCluster(OutputRelay):
                 if not self.policy.retries(code)
                 else self.budget.why_exhausted(task.role, ran_for_s, code)
             )
-            if task.task_type == EVALUATOR:
-                # A side-car whose only job is evaluation never ends the training it watches.
-                say(
-                    f"evaluation stopped: {exited(task.role, code)} and is not restarted ({why}); "
-                    f"training goes on without it (its log: {task.log_path})"
-                )
-                self.given_up.append(task.role)
-                return None
-            if self.strategy_config is not None and self.strategy_config.survives_loss_of(
-                task.task_type
-            ):
-                peers = [t for t in self.tasks if t.task_type == task.task_type]
-                alive = [t for t in peers if t.returncode is None and t.process.poll() is None]
-                if alive:
-                    say(
-                        f"{exited(task.role, code)} and is not restarted ({why}); the job goes on "
-                        f"with {len(alive)} of {len(peers)} {task.task_type}s, which take over its work "
-                        f"(its log: {task.log_path})"
-                    )
-                    return None
-                say(
-                    f"{exited(task.role, code)} and was the last {task.task_type} left; stopping "
-                    f"the cluster because no {task.task_type} can run the job's steps ({why}; its log: "
-                    f"{task.log_path})"
-                )
-                return code
-            # Only a lost worker (killed, preempted, a peer gone): an error of its own (1-127: a
-            # bug, a bad setting) would fail the smaller cluster the same way.
-            if self.min_workers is not None and task.task_type == WORKER and is_retryable(code):
-                return self._shrink(task, code, why)
+            return self._not_restarted(task, code, why)
+        self._restart_group(task, code, ran_for_s, needed=needed)
+        return None
+
+    def _needed_back(self, task: LocalTask, code: int) -> bool:
+        """A task the job cannot finish without, which the policy would not retry: restarted
+        anyway, up to NEEDED_TASK_RESTARTS times."""
+        return (
+            self.strategy_config is not None
+            and self.strategy_config.must_come_back(task.task_type)
+            and not self.policy.retries(code)
+            and self.restarts < NEEDED_TASK_RESTARTS
+        )
+
+    def _not_restarted(self, task: LocalTask, code: int, why: str) -> int | None:
+        """A failed task that stays down (`why`): None where the job can go on without it (the
+        evaluator, a task the strategy can lose, an elastic worker), else the job's exit code."""
+        if task.task_type == EVALUATOR:
+            # A side-car whose only job is evaluation never ends the training it watches.
             say(
-                f"{exited(task.role, code)}; stopping the cluster because {why} "
+                f"evaluation stopped: {exited(task.role, code)} and is not restarted ({why}); "
+                f"training goes on without it (its log: {task.log_path})"
+            )
+            self.given_up.append(task.role)
+            return None
+        if self.strategy_config is not None and self.strategy_config.survives_loss_of(
+            task.task_type
+        ):
+            return self._go_on_without(task, code, why)
+        # Only a lost worker (killed, preempted, a peer gone): an error of its own (1-127: a
+        # bug, a bad setting) would fail the smaller cluster the same way.
+        if self.min_workers is not None and task.task_type == WORKER and is_retryable(code):
+            return self._shrink(task, code, why)
+        say(
+            f"{exited(task.role, code)}; stopping the cluster because {why} "
+            f"(its log: {task.log_path})"
+        )
+        return code
+
+    def _go_on_without(self, task: LocalTask, code: int, why: str) -> int | None:
+        """A task the strategy can lose: its live peers take over its work; the last one of its
+        type ends the job (`code`), since no task is left to run the steps."""
+        peers = [t for t in self.tasks if t.task_type == task.task_type]
+        alive = [t for t in peers if t.returncode is None and t.process.poll() is None]
+        if alive:
+            say(
+                f"{exited(task.role, code)} and is not restarted ({why}); the job goes on "
+                f"with {len(alive)} of {len(peers)} {task.task_type}s, which take over its work "
                 f"(its log: {task.log_path})"
             )
-            return code
+            return None
+        say(
+            f"{exited(task.role, code)} and was the last {task.task_type} left; stopping "
+            f"the cluster because no {task.task_type} can run the job's steps ({why}; its log: "
+            f"{task.log_path})"
+        )
+        return code
+
+    def _restart_group(self, task: LocalTask, code: int, ran_for_s: float, *, needed: bool) -> None:
+        """Stops the group the strategy restarts with `task` and starts it again after the
+        budget's delay; `needed`: said as one of NEEDED_TASK_RESTARTS, not of the budget's window."""
         roles = [t.role for t in self.tasks]
         group = (
             self.strategy_config.restart_group(task.role, roles)
@@ -240,7 +261,6 @@ class LocalCluster(OutputRelay):
         time.sleep(delay)
         for member in members:
             self._spawn(member)
-        return None
 
     def _shrink(self, lost: LocalTask, code: int, why: str) -> int | None:
         """Elastic multi_worker_mirrored: restarts the other workers without `lost`, or fails.

@@ -213,6 +213,33 @@ def _validated(
     environment: str | None,
     where: str,
 ) -> ClusterConfig:
+    """The ClusterConfig of `cluster` and this task, every mistake one sentence that starts with
+    `where` (what the user wrote it in: TF_CONFIG, the cluster flags)."""
+    normalized = _normalized_cluster(cluster, where)
+    _check_single_roles(normalized, where)
+    _check_unique_addresses(normalized, where)
+    if normalized:
+        task_type = _checked_task(normalized, task_type, task_id, where)
+    elif task_type is not None:
+        raise ClusterConfigError(
+            f"{where}: task type {task_type!r} is set but the cluster is empty."
+        )
+    if rpc_layer not in ("grpc", "grpc+verbs", "grpc+mpi", ""):
+        raise ClusterConfigError(f"{where}: rpc_layer {rpc_layer!r} is not supported; use 'grpc'.")
+    return ClusterConfig(
+        cluster=normalized,
+        task_type=task_type,
+        task_id=task_id,
+        rpc_layer=rpc_layer or "grpc",
+        environment=environment,
+    )
+
+
+def _normalized_cluster(
+    cluster: Mapping[str, Sequence[str]], where: str
+) -> dict[str, tuple[str, ...]]:
+    """`cluster` with TensorFlow's task type names ('master' is 'chief') and checked host:port
+    tuples; a type named twice under two spellings is refused rather than one silently lost."""
     normalized: dict[str, tuple[str, ...]] = {}
     for raw_type, addresses in cluster.items():
         t = _normalize_type(raw_type, where)
@@ -228,6 +255,11 @@ def _validated(
                 f"{where}: cluster[{raw_type!r}] must be a non-empty list of host:port."
             )
         normalized[t] = tuple(_check_address(a, f"{where} {t}") for a in addresses)
+    return normalized
+
+
+def _check_single_roles(normalized: Mapping[str, tuple[str, ...]], where: str) -> None:
+    """One chief at most (TensorFlow's rule), one evaluator and one dispatcher at most."""
     if normalized.get(CHIEF) and len(normalized[CHIEF]) != 1:
         raise ClusterConfigError(
             f"{where}: a cluster has exactly one chief, got {len(normalized[CHIEF])}."
@@ -240,6 +272,10 @@ def _validated(
                 f"{where}: a cluster has at most one {single}, got {len(normalized[single])}; "
                 f"list one address under '{single}'."
             )
+
+
+def _check_unique_addresses(normalized: Mapping[str, tuple[str, ...]], where: str) -> None:
+    """Every task its own address: a second task on one cannot bind its port, and fails late."""
     seen: dict[str, str] = {}
     for t, addresses in normalized.items():
         for i, a in enumerate(addresses):
@@ -248,38 +284,31 @@ def _validated(
                     f"{where}: {t}:{i} and {seen[a]} both use address {a}; give each task its own port."
                 )
             seen[a] = f"{t}:{i}"
-    if normalized:
-        if task_type is None:
-            raise ClusterConfigError(
-                f"{where}: the cluster is set but this task's type is not; set task.type (or --job_name)."
-            )
-        task_type = _normalize_type(task_type, where)
-        if task_type not in normalized:
-            raise ClusterConfigError(
-                f"{where}: task type {task_type!r} is not in the cluster (which has {', '.join(normalized)}); "
-                f"add it to the cluster or fix the task type."
-            )
-        if not isinstance(task_id, int) or isinstance(task_id, bool):
-            raise ClusterConfigError(f"{where}: task index {task_id!r} must be an integer.")
-        count = len(normalized[task_type])
-        if not 0 <= task_id < count:
-            raise ClusterConfigError(
-                f"{where}: task index {task_id} is out of range for {task_type!r}, which has {count} "
-                f"task{'s' if count != 1 else ''} (valid: 0..{count - 1})."
-            )
-    elif task_type is not None:
+
+
+def _checked_task(
+    normalized: Mapping[str, tuple[str, ...]], task_type: str | None, task_id: int, where: str
+) -> str:
+    """This task's normalized type, which with `task_id` must name a task of the cluster."""
+    if task_type is None:
         raise ClusterConfigError(
-            f"{where}: task type {task_type!r} is set but the cluster is empty."
+            f"{where}: the cluster is set but this task's type is not; set task.type (or --job_name)."
         )
-    if rpc_layer not in ("grpc", "grpc+verbs", "grpc+mpi", ""):
-        raise ClusterConfigError(f"{where}: rpc_layer {rpc_layer!r} is not supported; use 'grpc'.")
-    return ClusterConfig(
-        cluster=normalized,
-        task_type=task_type,
-        task_id=task_id,
-        rpc_layer=rpc_layer or "grpc",
-        environment=environment,
-    )
+    task_type = _normalize_type(task_type, where)
+    if task_type not in normalized:
+        raise ClusterConfigError(
+            f"{where}: task type {task_type!r} is not in the cluster (which has {', '.join(normalized)}); "
+            f"add it to the cluster or fix the task type."
+        )
+    if not isinstance(task_id, int) or isinstance(task_id, bool):
+        raise ClusterConfigError(f"{where}: task index {task_id!r} must be an integer.")
+    count = len(normalized[task_type])
+    if not 0 <= task_id < count:
+        raise ClusterConfigError(
+            f"{where}: task index {task_id} is out of range for {task_type!r}, which has {count} "
+            f"task{'s' if count != 1 else ''} (valid: 0..{count - 1})."
+        )
+    return task_type
 
 
 def from_tf_config(text: str) -> ClusterConfig:

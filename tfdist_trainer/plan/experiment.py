@@ -14,6 +14,7 @@ import gin
 from tfdist_trainer import checks
 from tfdist_trainer import hooks as hooks_lib
 from tfdist_trainer.errors import ConfigError
+from tfdist_trainer.plan import options
 from tfdist_trainer.plan import warm_start as warm_start_lib
 from tfdist_trainer.plan.strategies import OneDevice, StrategyConfig, as_strategy_config
 
@@ -21,6 +22,10 @@ from tfdist_trainer.plan.strategies import OneDevice, StrategyConfig, as_strateg
 @gin.configurable("train")
 class Experiment:
     """Job-level settings (gin: ``train.trainer_cls = @MyTrainer``, ``train.strategy = @mirrored``...).
+
+    Held as frozen groups (plan/options.py), each handed whole to the code that uses it:
+    ``loop`` (`LoopOptions`), ``checkpoints``, ``evaluation``, ``logging``; beside them the
+    ``trainer_cls``, the ``strategy_config``, the ``hooks`` and the ``warm_start``.
 
     Args:
       trainer_cls: the user's Trainer subclass.
@@ -79,95 +84,67 @@ class Experiment:
         profile_steps: Sequence[int] | None = None,
         whole_table_warning_mib: float | None = 64,
     ):
-        if trainer_cls is None:
-            raise ConfigError(
-                "train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer."
-            )
-        if not (isinstance(trainer_cls, type) and _is_trainer(trainer_cls)):
-            raise ConfigError(
-                f"train.trainer_cls must be a subclass of tfdist_trainer.Trainer, got {trainer_cls!r}."
-            )
-        for name, value in (
-            ("train_steps", train_steps),
-            ("log_every_n_steps", log_every_n_steps),
-            ("keep_checkpoints", keep_checkpoints),
-            ("gradient_accumulation_steps", gradient_accumulation_steps),
-        ):
-            checks.positive_int(f"train.{name}", value)
-        if mixed_precision not in (None, "mixed_bfloat16", "mixed_float16"):
-            raise ConfigError(
-                f"train.mixed_precision must be None, 'mixed_bfloat16' or 'mixed_float16', "
-                f"got {mixed_precision!r}."
-            )
-        if steps_per_loop == "auto":
-            steps_per_loop_value = None
-        elif isinstance(steps_per_loop, str):
-            raise ConfigError(
-                f"train.steps_per_loop must be a positive integer, 'auto' or None, got {steps_per_loop!r}."
-            )
-        else:
-            steps_per_loop_value = steps_per_loop
-        for name, value in (
-            ("steps_per_loop", steps_per_loop_value),
-            ("eval_every_n_steps", eval_every_n_steps),
-            ("checkpoint_every_n_steps", checkpoint_every_n_steps),
-        ):
-            checks.positive_int(f"train.{name}", value, or_none=True)
+        _check_trainer_cls(trainer_cls)
         self.trainer_cls = trainer_cls
         self.strategy_config: StrategyConfig = as_strategy_config(strategy)
-        self.strategy_config.check_job(gradient_accumulation_steps=gradient_accumulation_steps)
-        self.train_steps = train_steps
-        self.auto_steps_per_loop = steps_per_loop == "auto"
-        self.steps_per_loop = steps_per_loop_value or self.strategy_config.default_steps_per_loop
-        self.jit_compile = jit_compile
-        self.mixed_precision = mixed_precision
-        self.keep_checkpoints = keep_checkpoints
-        if async_checkpoint is not None and not isinstance(async_checkpoint, bool):
-            raise ConfigError(
-                f"train.async_checkpoint must be True, False or None (on where it is safe), "
-                f"got {async_checkpoint!r}."
-            )
-        self.async_checkpoint = async_checkpoint
-        self.log_every_n_steps = log_every_n_steps
-        self.eval_every_n_steps = eval_every_n_steps
-        self.checkpoint_every_n_steps = checkpoint_every_n_steps
-        self.hooks = hooks_lib.default_hooks(
-            log_every_n_steps=log_every_n_steps,
-            checkpoint_every_n_steps=checkpoint_every_n_steps,
-            eval_every_n_steps=eval_every_n_steps,
-        ) + hooks_lib.as_hooks(extra_hooks)
-        if profile_steps is not None:
-            self.hooks.append(hooks_lib.Profiler(*_profile_range(profile_steps, train_steps)))
-        if whole_table_warning_mib is not None and not (
-            isinstance(whole_table_warning_mib, (int, float))
-            and not isinstance(whole_table_warning_mib, bool)
-            and whole_table_warning_mib > 0
-        ):
-            raise ConfigError(
-                f"train.whole_table_warning_mib must be a positive number of MiB or None, got "
-                f"{whole_table_warning_mib!r}."
-            )
-        self.whole_table_warning_bytes = (
-            None if whole_table_warning_mib is None else int(whole_table_warning_mib * 2**20)
+        fixed_steps_per_loop, auto = options.steps_per_loop_setting(steps_per_loop)
+        self.evaluation = options.EvaluationOptions(every_n_steps=eval_every_n_steps)
+        self.checkpoints = options.CheckpointOptions(
+            every_n_steps=checkpoint_every_n_steps,
+            keep=keep_checkpoints,
+            background=async_checkpoint,
         )
-        self.seed = seed
-        self.gradient_accumulation_steps = gradient_accumulation_steps
+        checks.positive_int("train.train_steps", train_steps)
+        self.logging = options.LoggingOptions(
+            every_n_steps=log_every_n_steps,
+            profile_steps=options.profile_range(profile_steps, train_steps),
+            whole_table_warning_bytes=options.whole_table_warning_bytes(whole_table_warning_mib),
+        )
+        self.loop = options.LoopOptions(
+            train_steps=train_steps,
+            steps_per_loop=fixed_steps_per_loop or self.strategy_config.default_steps_per_loop,
+            auto_steps_per_loop=auto,
+            hook_spacing=self._hook_spacing(),
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            jit_compile=jit_compile,
+            mixed_precision=mixed_precision,
+            seed=seed,
+        )
+        self.strategy_config.check_job(gradient_accumulation_steps=gradient_accumulation_steps)
+        self.hooks = self._hooks(extra_hooks)
         self.warm_start = warm_start_lib.as_warm_start(warm_start)
 
+    def _hook_spacing(self) -> int:
+        """The shortest interval at which the default hooks end loops (log, eval, checkpoint)."""
+        every = (
+            self.logging.every_n_steps,
+            self.evaluation.every_n_steps,
+            self.checkpoints.every_n_steps,
+        )
+        return min(n for n in every if n)
 
-def _profile_range(value: Any, train_steps: int) -> tuple[int, int]:
-    """(first, last) of train.profile_steps, checked against train.train_steps."""
-    if (
-        isinstance(value, (list, tuple))
-        and len(value) == 2
-        and all(checks.is_positive_int(v) for v in value)
-        and value[0] <= value[1] <= train_steps
-    ):
-        return int(value[0]), int(value[1])
-    raise ConfigError(
-        f"train.profile_steps must be (first, last) with 1 <= first <= last <= "
-        f"train.train_steps={train_steps}, got {value!r}."
-    )
+    def _hooks(self, extra_hooks: Sequence[Any]) -> list:
+        """The default hooks at the groups' intervals, the user's, and the profiler if asked."""
+        hooks = hooks_lib.default_hooks(
+            log_every_n_steps=self.logging.every_n_steps,
+            checkpoint_every_n_steps=self.checkpoints.every_n_steps,
+            eval_every_n_steps=self.evaluation.every_n_steps,
+        ) + hooks_lib.as_hooks(extra_hooks)
+        if self.logging.profile_steps is not None:
+            hooks.append(hooks_lib.Profiler(*self.logging.profile_steps))
+        return hooks
+
+
+def _check_trainer_cls(trainer_cls: Any) -> None:
+    """One sentence unless train.trainer_cls is a Trainer subclass."""
+    if trainer_cls is None:
+        raise ConfigError(
+            "train.trainer_cls is not set; bind it in gin, e.g. train.trainer_cls = @MyTrainer."
+        )
+    if not (isinstance(trainer_cls, type) and _is_trainer(trainer_cls)):
+        raise ConfigError(
+            f"train.trainer_cls must be a subclass of tfdist_trainer.Trainer, got {trainer_cls!r}."
+        )
 
 
 def _is_trainer(cls: type) -> bool:

@@ -174,6 +174,10 @@ def load_experiment(
     return loaded
 
 
+#: What asks for the program's own --help (--helpfull stays absl's).
+_HELP_ARGS = {"--help", "-help", "--helpshort", "-helpshort", "-h", "-?"}
+
+
 def one_line_flags_parser(
     program: str,
     exit_code: int = 2,
@@ -193,66 +197,10 @@ def one_line_flags_parser(
     """
     from absl import flags
 
-    help_args = {"--help", "-help", "--helpshort", "-helpshort", "-h", "-?"}
-
-    def flag_line(flag) -> tuple[str, str]:
-        name = f"--{flag.name}"
-        if flag.flag_type() == "bool":
-            name = f"--[no]{flag.name}" if flag.default else name
-        elif flag.default not in (None, "", []):
-            default = flag.default
-            if isinstance(default, list):
-                name += "=" + ",".join(map(str, default))
-            else:
-                name += f"={default:g}" if isinstance(default, float) else f"={default}"
-        else:
-            name += "=..."
-        # absl's additions: an enum's "<a|b>: " in front, a multi flag's "; repeat this option ...".
-        text = re.sub(
-            r"^<[^>]*>: |;\s*repeat this option to specify a list of values$", "", flag.help
-        )
-        text = " ".join(text.split())
-        # The first sentence: up to the first '. ' that does not end an abbreviation (e.g., i.e.).
-        sentence = re.match(r"(.*?(?<!e\.g)(?<!i\.e)\.)(?:\s|$)", text)
-        text = sentence.group(1) if sentence else text
-        values = getattr(flag.parser, "enum_values", None)
-        return name, f"{text} [{'|'.join(values)}]" if values else text
-
-    def short_help() -> str:
-        listed = {name for _, names in groups for name in names}
-        modules = {flags.FLAGS.find_module_defining_flag(name) for name in listed}
-        other = [
-            flag.name
-            for module in sorted(m for m in modules if m)
-            for flag in flags.FLAGS.flags_by_module_dict().get(module, [])
-            if flag.name not in listed and not flag.help.startswith(("Alias for --", "Internal:"))
-        ]
-        sections = [*groups, *([("other", other)] if other else [])]
-        rows = [
-            (title, [flag_line(flags.FLAGS[name]) for name in names if name in flags.FLAGS])
-            for title, names in sections
-        ]
-        width = min(32, max((len(n) for _, lines in rows for n, _ in lines), default=0))
-        out = [usage.strip(), ""]
-        for title, lines in rows:
-            out.append(f"{title}:")
-            for name, text in lines:
-                pad = " " * (width - len(name)) if len(name) <= width else "\n" + " " * (width + 4)
-                out.append(f"  {name}{pad}  {text}")
-            out.append("")
-        if examples:
-            out += ["examples:", *(f"  {e}" for e in examples), ""]
-        out.append("--helpfull: every flag (absl's), with its whole help.")
-        return "\n".join(out)
-
     def parse(argv: list[str]) -> list[str]:
         own = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
-        if groups and help_args.intersection(own):
-            try:
-                print(short_help(), flush=True)
-            except BrokenPipeError:  # `--help | head`: the reader has what it wanted
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(0)
+        if groups and _HELP_ARGS.intersection(own):
+            _print_help_and_exit(_short_help(usage, groups, examples))
         try:
             return flags.FLAGS(argv)
         except flags.Error as e:
@@ -264,3 +212,78 @@ def one_line_flags_parser(
             sys.exit(exit_code)
 
     return parse
+
+
+def _print_help_and_exit(text: str) -> None:
+    """Prints the help and exits 0, quietly when the reader has gone (`--help | head`)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+
+
+def _short_help(
+    usage: str, groups: Sequence[tuple[str, Sequence[str]]], examples: Sequence[str]
+) -> str:
+    """The program's --help: `usage`, one aligned line per flag under its group's title, the
+    `examples`, and the pointer to --helpfull."""
+    from absl import flags
+
+    other = _ungrouped_flags(groups)
+    sections = [*groups, *([("other", other)] if other else [])]
+    rows = [
+        (title, [_flag_line(flags.FLAGS[name]) for name in names if name in flags.FLAGS])
+        for title, names in sections
+    ]
+    width = min(32, max((len(n) for _, lines in rows for n, _ in lines), default=0))
+    out = [usage.strip(), ""]
+    for title, lines in rows:
+        out.append(f"{title}:")
+        for name, text in lines:
+            pad = " " * (width - len(name)) if len(name) <= width else "\n" + " " * (width + 4)
+            out.append(f"  {name}{pad}  {text}")
+        out.append("")
+    if examples:
+        out += ["examples:", *(f"  {e}" for e in examples), ""]
+    out.append("--helpfull: every flag (absl's), with its whole help.")
+    return "\n".join(out)
+
+
+def _ungrouped_flags(groups: Sequence[tuple[str, Sequence[str]]]) -> list[str]:
+    """The flags of the grouped flags' modules that no group lists (a flag added since), so that
+    --help never hides one; aliases and `Internal:` flags stay out."""
+    from absl import flags
+
+    listed = {name for _, names in groups for name in names}
+    modules = {flags.FLAGS.find_module_defining_flag(name) for name in listed}
+    return [
+        flag.name
+        for module in sorted(m for m in modules if m)
+        for flag in flags.FLAGS.flags_by_module_dict().get(module, [])
+        if flag.name not in listed and not flag.help.startswith(("Alias for --", "Internal:"))
+    ]
+
+
+def _flag_line(flag) -> tuple[str, str]:
+    """One flag's --help line: its name with its default, and the first sentence of its help
+    (with an enum's values), without absl's additions."""
+    name = f"--{flag.name}"
+    if flag.flag_type() == "bool":
+        name = f"--[no]{flag.name}" if flag.default else name
+    elif flag.default not in (None, "", []):
+        default = flag.default
+        if isinstance(default, list):
+            name += "=" + ",".join(map(str, default))
+        else:
+            name += f"={default:g}" if isinstance(default, float) else f"={default}"
+    else:
+        name += "=..."
+    # absl's additions: an enum's "<a|b>: " in front, a multi flag's "; repeat this option ...".
+    text = re.sub(r"^<[^>]*>: |;\s*repeat this option to specify a list of values$", "", flag.help)
+    text = " ".join(text.split())
+    # The first sentence: up to the first '. ' that does not end an abbreviation (e.g., i.e.).
+    sentence = re.match(r"(.*?(?<!e\.g)(?<!i\.e)\.)(?:\s|$)", text)
+    text = sentence.group(1) if sentence else text
+    values = getattr(flag.parser, "enum_values", None)
+    return name, f"{text} [{'|'.join(values)}]" if values else text

@@ -127,18 +127,7 @@ def prepare(
       ConfigError (a ClusterConfigError for a cluster the strategy cannot run): one sentence.
     """
     model_dir = os.fspath(model_dir) if model_dir else ""
-    if not entry.local:
-        if not model_dir:
-            raise entry.error(entry.missing or f"{entry.name} is required.")
-    else:
-        several = cluster is None or not cluster.is_local
-        model_dir_lib.check(
-            model_dir,
-            name=entry.name,
-            shared_by=entry.shared_by if several else None,
-            missing=entry.missing,
-            error=entry.error,
-        )
+    _check_model_dir(entry, model_dir, cluster)
     if entry.one_process:
         cluster = _lone_process(entry.one_process, environ)
     if before_gin is not None:
@@ -149,19 +138,46 @@ def prepare(
     experiment = load_experiment(list(gin_files), list(gin_bindings), list(modules), **overrides)
     action = None
     if cluster is not None:
-        strategy_config = experiment.strategy_config
-        if entry.one_process:
-            _one_process_strategy(entry.one_process, strategy_config)
-        strategy_config.validate(cluster)
-        if experiment.async_checkpoint and strategy_config.saves_with_peers(cluster):
-            raise ConfigError(
-                f"train.async_checkpoint=True cannot work under {strategy_config.name} across "
-                f"workers: every worker takes part in each save (collectives), which cannot run "
-                f"on one worker's background thread; leave train.async_checkpoint unset (on "
-                f"where it is safe) or set it to False."
-            )
-        action = strategy_config.action(cluster)
+        action = _checked_action(entry, experiment, cluster)
     return Prepared(entry, model_dir, experiment, cluster, action)
+
+
+def _check_model_dir(
+    entry: EntryPoint, model_dir: str, cluster: cluster_lib.ClusterConfig | None
+) -> None:
+    """model_dir as `entry` needs it: only set for --emit (the pods' storage is not this
+    machine's), else checked here, and shared by several processes unless `cluster` is a lone one."""
+    if not entry.local:
+        if not model_dir:
+            raise entry.error(entry.missing or f"{entry.name} is required.")
+        return
+    several = cluster is None or not cluster.is_local
+    model_dir_lib.check(
+        model_dir,
+        name=entry.name,
+        shared_by=entry.shared_by if several else None,
+        missing=entry.missing,
+        error=entry.error,
+    )
+
+
+def _checked_action(
+    entry: EntryPoint, experiment: Any, cluster: cluster_lib.ClusterConfig
+) -> Action:
+    """What the task does, once the strategy has accepted `cluster` (and, for `entry.one_process`,
+    runs in one process) and the checkpoint settings can work on it."""
+    strategy_config = experiment.strategy_config
+    if entry.one_process:
+        _one_process_strategy(entry.one_process, strategy_config)
+    strategy_config.validate(cluster)
+    if experiment.checkpoints.background and strategy_config.saves_with_peers(cluster):
+        raise ConfigError(
+            f"train.async_checkpoint=True cannot work under {strategy_config.name} across "
+            f"workers: every worker takes part in each save (collectives), which cannot run "
+            f"on one worker's background thread; leave train.async_checkpoint unset (on "
+            f"where it is safe) or set it to False."
+        )
+    return strategy_config.action(cluster)
 
 
 def _lone_process(what: str, environ: Mapping[str, str]) -> cluster_lib.ClusterConfig:

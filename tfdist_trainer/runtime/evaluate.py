@@ -165,7 +165,7 @@ class SideCar:
             logging.info(
                 "going on after step %d, the last %s holds", self.last_step, EVALUATOR_JOURNAL
             )
-        self.done = _DoneMarker(model_dir, experiment.train_steps)
+        self.done = _DoneMarker(model_dir, experiment.loop.train_steps)
         self.quiet_wait = QuietWait()
         self.values: dict[str, float] = {}
         self.termination = preemption.TerminationSignal()  # one line when it stops
@@ -238,7 +238,7 @@ class SideCar:
         if self.quiet_wait.silence_s() > timeout_s:
             raise EvaluatorTimeout(
                 f"no new checkpoint appeared in {self.model_dir} for {timeout_s:g}s before step "
-                f"{self.experiment.train_steps}; is the chief running?"
+                f"{self.experiment.loop.train_steps}; is the chief running?"
             )
         preemption.sleep_unless(lambda: self.termination.received, poll_s)
 
@@ -311,7 +311,7 @@ def _say_skipped(model_dir: str, experiment: Experiment, last_step: int | None, 
     listed = {checkpoints.step_of(p) for p in (state.all_model_checkpoint_paths if state else [])}
     planned: set[int] = set()
     if last_step is not None:
-        for every in (experiment.checkpoint_every_n_steps, experiment.eval_every_n_steps):
+        for every in (experiment.checkpoints.every_n_steps, experiment.evaluation.every_n_steps):
             if every:
                 planned.update(range((last_step // every + 1) * every, step, every))
     after = last_step if last_step is not None else -1

@@ -31,6 +31,7 @@ from tfdist_trainer import tf_compat
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.trainers import data as data_lib
 
+
 class ModelOwner(Protocol):
     """What this module reads of a Trainer: its model, its training data, and which of its
     methods the user overrode. A protocol, not the `Trainer` class: trainer.py imports this

@@ -38,7 +38,21 @@ def indexed_manifests(spec: JobSpec) -> list[dict[str, Any]]:
         t: [task_address(spec.name, t, i, spec.port, spec.namespace) for i in range(n)]
         for t, n in spec.layout.items()
     }
-    service = {
+    return [
+        _headless_service(spec),
+        *(_indexed_job(spec, task_type, cluster) for task_type in spec.layout),
+        network_policy(
+            spec.name,
+            spec.namespace,
+            spec.port,
+            data_port=spec.strategy_config.data_service,
+        ),
+    ]
+
+
+def _headless_service(spec: JobSpec) -> dict[str, Any]:
+    """The headless Service every pod names as its subdomain: the tasks' stable DNS names."""
+    return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": object_metadata(spec.name, spec.namespace, object_labels(spec.name)),
@@ -52,41 +66,30 @@ def indexed_manifests(spec: JobSpec) -> list[dict[str, Any]]:
             ],
         },
     }
-    objects: list[dict[str, Any]] = [service]
+
+
+def _indexed_job(spec: JobSpec, task_type: str, cluster: dict[str, list[str]]) -> dict[str, Any]:
+    """The Indexed Job of one task type, which retries its own pods."""
     retries = 0 if spec.restart_policy == "Never" else spec.backoff_limit
-    for task_type in spec.layout:
-        # Each index of a task the strategy can lose has its own retry budget: a Job that runs
-        # out of a shared backoffLimit kills all its pods, so one failing worker would take
-        # every other worker with it (and a per-index budget needs pods that never restart).
-        per_index = spec.strategy_config.survives_loss_of(task_type)
-        pod_restart = (
-            "OnFailure" if spec.restart_policy == "OnFailure" and not per_index else "Never"
-        )
-        job_spec = indexed_job_spec(
-            spec,
-            task_type,
-            env=completion_index_tf_config(cluster, task_type),
-            retries=retries,
-            per_index=per_index,
-            pod_restart=pod_restart,
-            pod_extra={"subdomain": spec.name},
-        )
-        objects.append(
-            {
-                "apiVersion": "batch/v1",
-                "kind": "Job",
-                "metadata": object_metadata(
-                    f"{spec.name}-{task_type}", spec.namespace, object_labels(spec.name, task_type)
-                ),
-                "spec": job_spec,
-            }
-        )
-    objects.append(
-        network_policy(
-            spec.name,
-            spec.namespace,
-            spec.port,
-            data_port=spec.strategy_config.data_service,
-        )
+    # Each index of a task the strategy can lose has its own retry budget: a Job that runs
+    # out of a shared backoffLimit kills all its pods, so one failing worker would take
+    # every other worker with it (and a per-index budget needs pods that never restart).
+    per_index = spec.strategy_config.survives_loss_of(task_type)
+    pod_restart = "OnFailure" if spec.restart_policy == "OnFailure" and not per_index else "Never"
+    job_spec = indexed_job_spec(
+        spec,
+        task_type,
+        env=completion_index_tf_config(cluster, task_type),
+        retries=retries,
+        per_index=per_index,
+        pod_restart=pod_restart,
+        pod_extra={"subdomain": spec.name},
     )
-    return objects
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": object_metadata(
+            f"{spec.name}-{task_type}", spec.namespace, object_labels(spec.name, task_type)
+        ),
+        "spec": job_spec,
+    }

@@ -91,31 +91,10 @@ def jobset_manifests(spec: JobSpec) -> list[dict[str, Any]]:
         t: [jobset_task_address(spec.name, t, i, spec.port, spec.namespace) for i in range(n)]
         for t, n in spec.layout.items()
     }
-    retries = 0 if spec.restart_policy == "Never" else spec.backoff_limit
-    replicated_jobs = []
-    for position, task_type in enumerate(task_types):
-        losable = strategy.survives_loss_of(task_type)
-        job_spec = indexed_job_spec(
-            spec,
-            task_type,
-            env=completion_index_tf_config(cluster, task_type),
-            # A task the job cannot lose fails its Job at once: the set restarts as a whole.
-            retries=retries if losable or task_type == EVALUATOR else 0,
-            per_index=losable,
-            pod_restart="Never",
-        )
-        replicated: dict[str, Any] = {
-            "name": task_type,
-            "replicas": 1,
-            "template": {
-                "metadata": {"labels": object_labels(spec.name, task_type)},
-                "spec": job_spec,
-            },
-        }
-        depends_on = _depends_on(spec, task_type, task_types[:position])
-        if depends_on:
-            replicated["dependsOn"] = depends_on
-        replicated_jobs.append(replicated)
+    replicated_jobs = [
+        _replicated_job(spec, task_type, cluster, earlier=task_types[:position])
+        for position, task_type in enumerate(task_types)
+    ]
     jobset = {
         "apiVersion": API_VERSION,
         "kind": "JobSet",
@@ -144,3 +123,33 @@ def jobset_manifests(spec: JobSpec) -> list[dict[str, Any]]:
             data_port=spec.strategy_config.data_service,
         ),
     ]
+
+
+def _replicated_job(
+    spec: JobSpec, task_type: str, cluster: dict[str, list[str]], *, earlier: list[str]
+) -> dict[str, Any]:
+    """The replicated Job of one task type (one Indexed Job, one pod per task), after the
+    `earlier` ones; only a task the strategy can lose (or the evaluator) retries on its own."""
+    retries = 0 if spec.restart_policy == "Never" else spec.backoff_limit
+    losable = spec.strategy_config.survives_loss_of(task_type)
+    job_spec = indexed_job_spec(
+        spec,
+        task_type,
+        env=completion_index_tf_config(cluster, task_type),
+        # A task the job cannot lose fails its Job at once: the set restarts as a whole.
+        retries=retries if losable or task_type == EVALUATOR else 0,
+        per_index=losable,
+        pod_restart="Never",
+    )
+    replicated: dict[str, Any] = {
+        "name": task_type,
+        "replicas": 1,
+        "template": {
+            "metadata": {"labels": object_labels(spec.name, task_type)},
+            "spec": job_spec,
+        },
+    }
+    depends_on = _depends_on(spec, task_type, earlier)
+    if depends_on:
+        replicated["dependsOn"] = depends_on
+    return replicated

@@ -30,11 +30,11 @@ import tensorflow as tf
 
 from tfdist_trainer.errors import ConfigError
 from tfdist_trainer.plan.cluster import ClusterConfig
-from tfdist_trainer.plan.experiment import Experiment
+from tfdist_trainer.plan.options import CheckpointOptions, LoopOptions
 from tfdist_trainer.plan.strategies import StrategyConfig
 from tfdist_trainer.plan.task import TaskContext
 from tfdist_trainer.runtime import loops, shutdown, whole_tables
-from tfdist_trainer.runtime.checkpoints import FinalSave
+from tfdist_trainer.runtime.checkpoints import Checkpointer, FinalSave
 from tfdist_trainer.runtime.loops import accumulate
 from tfdist_trainer.sharding import runtime_api as tables
 
@@ -116,6 +116,31 @@ class StrategyRuntime:
         The chief's, under every strategy; none overrides it.
         """
         return cluster.is_chief
+
+    def checkpointer(
+        self,
+        options: CheckpointOptions,
+        *,
+        model_dir: str,
+        cluster: ClusterConfig,
+        checkpoint: tf.train.Checkpoint,
+        global_step: tf.Variable,
+    ) -> Checkpointer:
+        """The task's checkpoint writer, as this strategy saves (Lightning's `checkpoint_io`):
+        whether its checkpoints span tasks, whose are kept, and whether a save may write in the
+        background (`options.background`: unless set False, wherever no other worker takes part
+        in a save; preflight refuses True where one does)."""
+        return Checkpointer(
+            model_dir=model_dir,
+            cluster=cluster,
+            checkpoint=checkpoint,
+            global_step=global_step,
+            keep=options.keep,
+            spans_tasks=self.spans_tasks,
+            is_writer=self.keeps_checkpoints(cluster),
+            background=options.background is not False
+            and not self.config.saves_with_peers(cluster),
+        )
 
     def eval_loop(self, trainer: Any) -> loops.EvalLoop:
         """The in-training evaluation pass: here split over the strategy's replicas.
@@ -207,42 +232,36 @@ class StrategyRuntime:
         self,
         trainer: Any,
         global_step: tf.Variable,
-        experiment: Experiment,
+        options: LoopOptions,
         cluster: ClusterConfig,
         *,
         agree: Callable[[int], int] | None = None,
+        whole_table_warning_bytes: int | None = None,
     ) -> Any:
         """The loop that runs this task's training steps: in the task, or scheduled onto workers."""
-        if experiment.jit_compile:  # now: raised while the step is traced it would not be exit 2
+        if options.jit_compile:  # now: raised while the step is traced it would not be exit 2
             tables.refuse_jit_compile(trainer.model)
-        steps_per_loop = experiment.steps_per_loop
-        if experiment.auto_steps_per_loop:
-            initial = min(8, experiment.steps_per_loop)
-            hook_stops = (
-                experiment.log_every_n_steps,
-                experiment.eval_every_n_steps,
-                experiment.checkpoint_every_n_steps,
-            )
+        steps_per_loop = options.steps_per_loop
+        if options.auto_steps_per_loop:
+            initial = min(8, options.steps_per_loop)
             steps_per_loop = loops.StepsPerLoopTuner(
                 initial=initial,
-                maximum=loops.search_maximum(
-                    initial, experiment.train_steps, min(n for n in hook_stops if n)
-                ),
+                maximum=loops.search_maximum(initial, options.train_steps, options.hook_spacing),
                 agree=agree,
             )
-        k = experiment.gradient_accumulation_steps
+        k = options.gradient_accumulation_steps
         step_fn = self.train_step_fn(trainer) if k == 1 else self.accumulating_step_fn(trainer, k)
         distributed = self.schedules or self.strategy.num_replicas_in_sync > 1
-        if cluster.is_chief and distributed and experiment.whole_table_warning_bytes is not None:
+        if cluster.is_chief and distributed and whole_table_warning_bytes is not None:
             step_fn = whole_tables.warn_whole_reads(
-                step_fn, trainer, experiment.whole_table_warning_bytes, self.config.name
+                step_fn, trainer, whole_table_warning_bytes, self.config.name
             )
         return self.step_loop(
             trainer,
             global_step,
             steps_per_loop,
             cluster,
-            jit_compile=experiment.jit_compile,
+            jit_compile=options.jit_compile,
             step_fn=step_fn,
             batches_per_step=k,
         )

@@ -54,7 +54,7 @@ class RunContext:
         )
         self.summaries = Summaries(model_dir, enabled=cluster.is_chief)
         self.tags = trainer_tags(trainer)
-        self.target_step = experiment.train_steps
+        self.target_step = experiment.loop.train_steps
         self.step = int(global_step.numpy())
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}

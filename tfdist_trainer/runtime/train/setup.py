@@ -18,7 +18,6 @@ from tfdist_trainer.hooks import Hook
 from tfdist_trainer.plan.cluster import ClusterConfig
 from tfdist_trainer.plan.experiment import Experiment
 from tfdist_trainer.runtime import apply_warm_start, checkpoints, loops, statistics, strategies
-from tfdist_trainer.runtime.checkpoints import Checkpointer
 from tfdist_trainer.runtime.state import build_state, log_placement
 from tfdist_trainer.runtime.strategies import StrategyRuntime
 from tfdist_trainer.runtime.train import task_hooks
@@ -62,9 +61,9 @@ def start_runtime(
 ) -> StrategyRuntime:
     """Seeds, configures devices, starts the strategy, sets the mixed-precision policy; one
     sentence when TF was started too early."""
-    config = experiment.strategy_config
-    if experiment.seed is not None:
-        keras.utils.set_random_seed(experiment.seed)
+    config, options = experiment.strategy_config, experiment.loop
+    if options.seed is not None:
+        keras.utils.set_random_seed(options.seed)
     try:
         strategies.prepare_devices(config)
         runtime = strategies.start(config, context=config.task_context(cluster, model_dir))
@@ -75,33 +74,33 @@ def start_runtime(
             f"a module imported by the gin config probably runs TensorFlow ops at import time: move them "
             f"into the Trainer's methods."
         ) from None
-    runtime.check_jit_compile(experiment.jit_compile)
-    if experiment.mixed_precision:
-        keras.mixed_precision.set_global_policy(experiment.mixed_precision)
+    runtime.check_jit_compile(options.jit_compile)
+    if options.mixed_precision:
+        keras.mixed_precision.set_global_policy(options.mixed_precision)
     logging.info(
         "strategy %s with %d replica(s) in sync", config.name, runtime.strategy.num_replicas_in_sync
     )
     return runtime
 
 
-def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> Run:
-    """The training task of `cluster` for `experiment`, restored from model_dir (or warm-started)."""
-    runtime = start_runtime(experiment, cluster, model_dir)
-    trainer = experiment.trainer_cls()
-    trainer.context = runtime.context
+def _restored_state(
+    experiment: Experiment,
+    cluster: ClusterConfig,
+    model_dir: str,
+    runtime: StrategyRuntime,
+    trainer: Any,
+) -> tuple[Any, Any]:
+    """(global step, checkpointer): the trainer's state built under the strategy's scope and
+    restored from model_dir's newest checkpoint, or warm-started in a fresh model_dir."""
     # Resuming: the tables start as zeros, not random rows that the restore overwrites next.
     with tables.restore_follows(checkpoints.resumes(model_dir)):
         global_step, checkpoint = build_state(trainer, runtime.strategy, runtime=runtime)
-    checkpointer = Checkpointer(
+    checkpointer = runtime.checkpointer(
+        experiment.checkpoints,
         model_dir=model_dir,
         cluster=cluster,
         checkpoint=checkpoint,
         global_step=global_step,
-        keep=experiment.keep_checkpoints,
-        spans_tasks=runtime.spans_tasks,
-        is_writer=runtime.keeps_checkpoints(cluster),
-        background=experiment.async_checkpoint is not False
-        and not experiment.strategy_config.saves_with_peers(cluster),
     )
     apply_warm_start.warm_start_or_resume(
         experiment.warm_start,
@@ -111,11 +110,25 @@ def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) ->
         is_chief=cluster.is_chief,
         scope=runtime.strategy.scope,
     )
+    return global_step, checkpointer
+
+
+def build_run(experiment: Experiment, cluster: ClusterConfig, model_dir: str) -> Run:
+    """The training task of `cluster` for `experiment`, restored from model_dir (or warm-started)."""
+    runtime = start_runtime(experiment, cluster, model_dir)
+    trainer = experiment.trainer_cls()
+    trainer.context = runtime.context
+    global_step, checkpointer = _restored_state(experiment, cluster, model_dir, runtime, trainer)
     if cluster.is_chief:
-        log_placement(trainer, experiment.whole_table_warning_bytes)
+        log_placement(trainer, experiment.logging.whole_table_warning_bytes)
     max_over_workers = runtime.max_over_workers(cluster)
     loop = runtime.make_train_loop(
-        trainer, global_step, experiment, cluster, agree=max_over_workers
+        trainer,
+        global_step,
+        experiment.loop,
+        cluster,
+        agree=max_over_workers,
+        whole_table_warning_bytes=experiment.logging.whole_table_warning_bytes,
     )
     context = RunContext(
         experiment=experiment,

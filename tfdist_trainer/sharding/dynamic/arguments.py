@@ -65,6 +65,19 @@ def check_arguments(
         raise ConfigError(
             f"{name}: stacked_features must be None or an integer >= 1, got {stacked_features!r}."
         )
+    _check_key_dtype(name, key_dtype, stacked_features)
+    initializer = keras.initializers.get(embeddings_initializer)
+    if type(initializer) not in INITIALIZERS:
+        raise ConfigError(
+            f"{name}: embeddings_initializer must be one of "
+            f"{', '.join(c.__name__ for c in INITIALIZERS)} (evicted rows are drawn anew), "
+            f"got {type(initializer).__name__}."
+        )
+    return initializer
+
+
+def _check_key_dtype(name: str, key_dtype: str | Sequence[str], stacked_features: Any) -> None:
+    """'int64' or 'string', or one of them per stacked feature."""
     per_feature = isinstance(key_dtype, (list, tuple))
     if per_feature and (
         stacked_features is None
@@ -81,11 +94,3 @@ def check_arguments(
             f"{name}: key_dtype must be 'int64' or 'string' (or, with stacked_features, "
             f"a list of them, one per feature), got {key_dtype!r}."
         )
-    initializer = keras.initializers.get(embeddings_initializer)
-    if type(initializer) not in INITIALIZERS:
-        raise ConfigError(
-            f"{name}: embeddings_initializer must be one of "
-            f"{', '.join(c.__name__ for c in INITIALIZERS)} (evicted rows are drawn anew), "
-            f"got {type(initializer).__name__}."
-        )
-    return initializer

@@ -199,6 +199,28 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
     def build(self, input_shape=None):
         strategy = tf.distribute.get_strategy()
         _refuse_replicas(self.name, strategy)
+        rows, placement, ledger = self._plan_shards(strategy)
+        with create_on(placement[0], strategy):
+            self.default_row = self.add_weight(
+                name="default_row",
+                shape=(self.stacked_features or 1, self.output_dim),
+                initializer=shard_initializer(self.embeddings_initializer, len(placement)),
+                dtype=self.variable_dtype,
+            )
+        ledger.record(self.default_row)
+        shards = []
+        for i, device in enumerate(placement):
+            shard = self._make_shard(i, device, rows, len(placement), strategy)
+            for variable in [shard.pool, *shard.state_variables()]:
+                ledger.record(variable)
+            shards.append(shard)
+        self.__dict__["_tfdist_dynamic_shards"] = shards
+        self.__dict__["_tfdist_checkpoint"] = DynamicTableCheckpoint(lambda: self.shards)
+        self.built = True
+
+    def _plan_shards(self, strategy: tf.distribute.Strategy) -> tuple[int, list, Any]:
+        """(rows per shard, each shard's device, the placement ledger): the shards placed
+        bytes-balanced over the ps tasks (or `devices`) with what is already there."""
         count = self.num_shards or (
             len(self.devices) if self.devices else max(1, len(ps_devices(strategy)))
         )
@@ -211,44 +233,35 @@ class DynamicEmbedding(tf_compat.ReplacesCheckpointChildren, keras.layers.Layer)
         placement = (
             ledger.plan([rows * row_bytes] * count, candidates) if candidates else [None] * count
         )
-        with create_on(placement[0], strategy):
-            self.default_row = self.add_weight(
-                name="default_row",
-                shape=(self.stacked_features or 1, self.output_dim),
-                initializer=shard_initializer(self.embeddings_initializer, count),
+        return rows, placement, ledger
+
+    def _make_shard(
+        self, i: int, device: str | None, rows: int, count: int, strategy: tf.distribute.Strategy
+    ) -> DynamicTableShard:
+        """Shard `i` of `count` on `device`: its pool of `rows` rows and its state."""
+        with create_on(device, strategy):
+            # Zeros: a row is drawn from the initializer when a key takes it (dynamic/shard.py).
+            pool = self.add_weight(
+                name=f"pool_shard_{i}",
+                shape=(rows, self.output_dim),
+                initializer="zeros",
                 dtype=self.variable_dtype,
             )
-        ledger.record(self.default_row)
-        shards = []
-        for i, device in enumerate(placement):
-            with create_on(device, strategy):
-                # Zeros: a row is drawn from the initializer when a key takes it (dynamic/shard.py).
-                pool = self.add_weight(
-                    name=f"pool_shard_{i}",
-                    shape=(rows, self.output_dim),
-                    initializer="zeros",
-                    dtype=self.variable_dtype,
-                )
-                shard = DynamicTableShard(
-                    where=f"{self.name} shard {i}",
-                    pool=pool,
-                    reinitializer=_reinitializer(self.embeddings_initializer, i),
-                    min_count=self.min_count,
-                    max_age_steps=self.max_age_steps,
-                    device=_table_device(device, strategy),
-                    concurrent=is_parameter_server(strategy),
-                    layer_shards=count,
-                    eviction=self._eviction_policy,
-                )
-            pool._tfdist_dynamic_shard = shard  # read by ReshardableOptimizerMixin (slot resets)
-            if shard.concurrent:  # workers update the pool at once: each update whole
-                update_lock.guard(pool)
-            for variable in [pool, *shard.state_variables()]:
-                ledger.record(variable)
-            shards.append(shard)
-        self.__dict__["_tfdist_dynamic_shards"] = shards
-        self.__dict__["_tfdist_checkpoint"] = DynamicTableCheckpoint(lambda: self.shards)
-        self.built = True
+            shard = DynamicTableShard(
+                where=f"{self.name} shard {i}",
+                pool=pool,
+                reinitializer=_reinitializer(self.embeddings_initializer, i),
+                min_count=self.min_count,
+                max_age_steps=self.max_age_steps,
+                device=_table_device(device, strategy),
+                concurrent=is_parameter_server(strategy),
+                layer_shards=count,
+                eviction=self._eviction_policy,
+            )
+        pool._tfdist_dynamic_shard = shard  # read by ReshardableOptimizerMixin (slot resets)
+        if shard.concurrent:  # workers update the pool at once: each update whole
+            update_lock.guard(pool)
+        return shard
 
     @property
     def shards(self) -> list[DynamicTableShard]:

@@ -64,6 +64,12 @@ MISSING = -1
 COUNTERS = ("rows_in_use", "admitted", "evicted", "expired")
 
 
+def _seed_state(initializer: Any) -> Any:
+    """The state variable of `initializer`'s seed generator, or None for an unseeded one."""
+    seed = getattr(initializer, "seed", None)
+    return seed.state if isinstance(seed, keras.random.SeedGenerator) else None
+
+
 class DynamicTableShard(tf.Module):
     """One shard's state and the operations that change it, all on the shard's device.
 
@@ -97,36 +103,15 @@ class DynamicTableShard(tf.Module):
         self.layer_shards = layer_shards  # the layer's shard count, for messages
         self.pool = pool
         self.__dict__["_reinitializer"] = reinitializer
-        seed = getattr(reinitializer, "seed", None)
         # Saved with the table: a resumed run draws the same rows.
-        self.__dict__["_seed_state"] = (
-            seed.state if isinstance(seed, keras.random.SeedGenerator) else None
-        )
+        self.__dict__["_seed_state"] = _seed_state(reinitializer)
         self.__dict__["_slots"] = []  # (name, optimizer slot, its initial row): not ours to save
         self.__dict__["_traced"] = False
         # graph -> the clock of that graph's first training lookup of the shard (`current_rows`)
         self.__dict__["_lookup_clocks"] = weakref.WeakKeyDictionary()
 
-        def int64(value, name):
-            return tf.Variable(value, dtype=tf.int64, trainable=False, name=name)
-
         with tf.init_scope():
-            self.row_key = int64(tf.fill([capacity], tf.constant(EMPTY_KEY, tf.int64)), "row_key")
-            self.last_seen = int64(tf.zeros([capacity], tf.int64), "last_seen")
-            # The step (clock) at which each row was taken by its key: an update computed from
-            # an earlier step's lookup is stale there (`current_rows`). Not checkpointed.
-            self.taken_at = int64(tf.zeros([capacity], tf.int64), "taken_at")
-            # Rows taken by a key and not read since: drawn anew by their first read.
-            self.undrawn = tf.Variable(
-                tf.zeros([capacity], tf.bool), trainable=False, name="undrawn"
-            )
-            # Free rows are free_rows[0:free], free = capacity - rows_in_use, popped from the end.
-            self.free_rows = int64(np.arange(capacity - 1, -1, -1, dtype=np.int64), "free_rows")
-            self.clock = int64(0, "clock")
-            self.rows_in_use = int64(0, "rows_in_use")
-            self.admitted = int64(0, "admitted")
-            self.evicted = int64(0, "evicted")
-            self.expired = int64(0, "expired")
+            self._make_bookkeeping(capacity)
             # Which rows a full shard frees, with its per-row metadata.
             self.eviction = eviction(capacity)
             # Plain objects (not tracked): the layer saves the table by key.
@@ -142,6 +127,26 @@ class DynamicTableShard(tf.Module):
                 self.__dict__["_critical_section"] = tf.CriticalSection(
                     name="dynamic_table", shared_name=f"tfdist_dynamic_table_{uuid.uuid4().hex}"
                 )
+
+    def _make_bookkeeping(self, capacity: int) -> None:
+        """The shard's int64 bookkeeping of `capacity` rows and its counters (under the variable
+        placement of the shard's device, like the pool)."""
+
+        def int64(value, name):
+            return tf.Variable(value, dtype=tf.int64, trainable=False, name=name)
+
+        self.row_key = int64(tf.fill([capacity], tf.constant(EMPTY_KEY, tf.int64)), "row_key")
+        self.last_seen = int64(tf.zeros([capacity], tf.int64), "last_seen")
+        # The step (clock) at which each row was taken by its key: an update computed from
+        # an earlier step's lookup is stale there (`current_rows`). Not checkpointed.
+        self.taken_at = int64(tf.zeros([capacity], tf.int64), "taken_at")
+        # Rows taken by a key and not read since: drawn anew by their first read.
+        self.undrawn = tf.Variable(tf.zeros([capacity], tf.bool), trainable=False, name="undrawn")
+        # Free rows are free_rows[0:free], free = capacity - rows_in_use, popped from the end.
+        self.free_rows = int64(np.arange(capacity - 1, -1, -1, dtype=np.int64), "free_rows")
+        self.clock = int64(0, "clock")
+        for name in COUNTERS:
+            setattr(self, name, int64(0, name))
 
     def on_device(self):
         """A context placing ops on the shard's device (nothing under no device)."""
