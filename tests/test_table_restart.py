@@ -1,7 +1,7 @@
 """A restart of a model with a large sharded table, as a user runs it: `tfdist-launch` trains it
 under parameter_server (chief, a worker, one ps) and saves it, then a second launch resumes it.
 
-What the restart must not do (tfdist_trainer/sharding/table_restore.py):
+What the restart must not do (tfdist_trainer/sharding/fixed/restore.py):
 - draw the table's initial rows: the tables of a task that resumes start as zeros, since the
   restore overwrites them next. The user's initializer here notes every shard it draws in a file.
 - hold the table twice on its ps: TensorFlow's own restore reads all of a device's tensors

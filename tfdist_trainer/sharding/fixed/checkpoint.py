@@ -39,7 +39,7 @@ class LogicalTableCheckpoint(tf_compat.sliced_tensor_trackable()):
         self.checkpoint_dtype = dtype
         self._name = name
         #: While True, a restore reads only the table's first row and assigns nothing: the table
-        #: is restored apart, a slice at a time (`table_restore`), after the rest of the checkpoint.
+        #: is restored apart, a slice at a time (`fixed/restore.py`), after the rest of the checkpoint.
         self.restored_apart = False
 
     @property

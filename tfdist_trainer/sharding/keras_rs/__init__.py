@@ -21,16 +21,25 @@ up without reduction; ids of rank 2 or more (dense), `tf.RaggedTensor` ragged
 in dimension 1, and `tf.SparseTensor` are reduced over their last dimension by
 the table's combiner ('sum', 'mean', 'sqrtn', with optional per-id `weights`
 of the same structure; empty rows give zeros); features naming the same
-`TableConfig` object share one table. What differs: ids must lie in
-[0, vocabulary_size) (keras-rs wraps negative ids; here they fail an
-assertion); output shapes follow the input's batch dimension (None in a
-functional model) where keras-rs reports `FeatureConfig.output_shape`
-literally; an input whose rank disagrees with `FeatureConfig.input_shape` is an
-error (keras-rs computes that check and drops the result); the initializer runs
-once per shard (the same law as keras-rs's for its default `fan_out` scaling, a
-`fan_in` scaling sees the shard's rows); `TableConfig.optimizer` is not honoured
-(one warning names the tables; the Trainer's optimizer trains them, as keras-rs
-off TPU trains them with the model's); placement "sparsecore" is refused.
+`TableConfig` object share one table; `table_stacking` is ignored and
+`update_stats=True` is refused with a ValueError, as by keras-rs' TensorFlow
+layer. What differs: ids must lie in [0, vocabulary_size) (keras-rs wraps
+negative ids; here they fail an assertion); output shapes follow the input's
+batch dimension (None in a functional model) where keras-rs reports
+`FeatureConfig.output_shape` literally; an input whose rank disagrees with
+`FeatureConfig.input_shape` is an error (keras-rs computes that check and drops
+the result); a table of N shards is N variables of its rows
+(`<table>/embeddings_shard_<i>` in `trainable_variables`) where keras-rs has
+one [vocabulary_size, embedding_dim] variable (`get_embedding_tables()` gives
+whole tables in both); the initializer runs once per shard (the same law as
+keras-rs's for its default `fan_out` scaling, a `fan_in` scaling sees the
+shard's rows); `TableConfig.optimizer` is not honoured (one warning names the
+tables; the Trainer's optimizer trains them, as keras-rs off TPU trains them
+with the model's); placement "sparsecore" is refused.
+
+keras-rs 0.4.0's own tests of `DistributedEmbedding` and `EmbedReduce` run
+against this bridge, with 1 and 3 shards, in tests/unit/keras_rs_upstream/; each
+difference above that they meet is marked there as an expected failure.
 """
 
 from tfdist_trainer.sharding.keras_rs.features import COMBINERS, PLACEMENTS

@@ -34,6 +34,8 @@ def from_keras_rs(
     devices: Sequence[str] | None = None,
     unique: bool = True,
     name: str | None = None,
+    table_stacking: Any = "auto",
+    update_stats: bool = False,
 ) -> KerasRsEmbedding:
     """A drop-in for `keras_rs.layers.DistributedEmbedding(feature_configs)` whose tables shard themselves.
 
@@ -46,10 +48,21 @@ def from_keras_rs(
       devices: outside parameter_server, devices to spread the shards over (model parallelism).
       unique: gather each distinct id once per table and batch.
       name: the layer's name (default: Keras' own).
+      table_stacking: accepted and ignored, as keras-rs ignores it off SparseCore (each table
+        here is its own `ShardedEmbedding`).
+      update_stats: must be False: keras-rs' SparseCore statistics exist only under JAX, and
+        keras-rs' TensorFlow layer refuses True with a ValueError (so does this one).
 
     Raises:
-      ConfigError: keras-rs is not installed, or a config cannot be served here.
+      ConfigError (a ValueError): keras-rs is not installed, a config cannot be served here, or
+        `update_stats` is True.
     """
+    del table_stacking
+    if update_stats:
+        raise ConfigError(
+            "from_keras_rs: update_stats=True needs keras-rs' JAX SparseCore layer (keras-rs' "
+            "TensorFlow layer refuses it too); leave it False."
+        )
     keras_rs = import_keras_rs()
     features = parse_features(feature_configs, keras_rs.layers.FeatureConfig)
     warn_ignored_optimizers(features.tables, default_optimizer(keras_rs.layers.TableConfig))
